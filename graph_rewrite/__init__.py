@@ -1,0 +1,1 @@
+"""Graph rewriting: SavedModel patterns -> Dietcode fused ops (the optimize() pass)."""

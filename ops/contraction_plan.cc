@@ -1,0 +1,223 @@
+#include "contraction_plan.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tensorflow/core/platform/errors.h"
+
+namespace tf_dietcode {
+namespace {
+
+using tensorflow::Status;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::errors::InvalidArgument;
+using Dims = std::vector<int64_t>;
+
+Dims DimsOf(const TensorShape& shape) {
+  Dims dims;
+  for (int i = 0; i < shape.dims(); ++i) dims.push_back(shape.dim_size(i));
+  return dims;
+}
+
+std::string Show(const Dims& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
+}
+
+// Row-major element strides of a dense tensor with `dims`.
+Dims DenseStrides(const Dims& dims) {
+  Dims strides(dims.size(), 1);
+  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {
+    strides[i] = strides[i + 1] * dims[i + 1];
+  }
+  return strides;
+}
+
+// Numpy broadcasting of two shapes; false when they are incompatible.
+bool BroadcastShapes(const Dims& x, const Dims& y, Dims* out) {
+  const size_t rank = std::max(x.size(), y.size());
+  out->assign(rank, 1);
+  for (size_t i = 0; i < rank; ++i) {
+    const int64_t dx = i < rank - x.size() ? 1 : x[i - (rank - x.size())];
+    const int64_t dy = i < rank - y.size() ? 1 : y[i - (rank - y.size())];
+    if (dx != dy && dx != 1 && dy != 1) return false;
+    (*out)[i] = dx == 1 ? dy : dx;
+  }
+  return true;
+}
+
+// Strides with which a dense tensor of `dims` is read when broadcast to
+// `target` (right-aligned); 0 marks a broadcast dimension. False when `dims`
+// does not broadcast to `target` without growing it.
+bool BroadcastStrides(const Dims& dims, const Dims& target, Dims* strides) {
+  if (dims.size() > target.size()) return false;
+  const Dims dense = DenseStrides(dims);
+  const size_t lead = target.size() - dims.size();
+  strides->assign(target.size(), 0);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] == target[lead + i]) {
+      (*strides)[lead + i] = dims[i] == 1 ? 0 : dense[i];
+    } else if (dims[i] != 1) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Offset of every element of `dims`, in row-major order, under `strides`.
+Dims Offsets(const Dims& dims, const Dims& strides) {
+  int64_t count = 1;
+  for (int64_t d : dims) count *= d;
+  Dims offsets(count, 0);
+  Dims index(dims.size(), 0);
+  int64_t offset = 0;
+  for (int64_t e = 0; e < count; ++e) {
+    offsets[e] = offset;
+    for (int i = static_cast<int>(dims.size()) - 1; i >= 0; --i) {
+      if (++index[i] < dims[i]) {
+        offset += strides[i];
+        break;
+      }
+      offset -= strides[i] * (dims[i] - 1);
+      index[i] = 0;
+    }
+  }
+  return offsets;
+}
+
+Dims Head(const Dims& dims, size_t n) {
+  return Dims(dims.begin(), dims.begin() + n);
+}
+
+}  // namespace
+
+Activation ParseActivation(const std::string& name) {
+  if (name == "relu") return Activation::kRelu;
+  if (name == "tanh") return Activation::kTanh;
+  if (name == "sigmoid") return Activation::kSigmoid;
+  if (name == "gelu") return Activation::kGeluExact;
+  if (name == "gelu_tanh") return Activation::kGeluTanh;
+  return Activation::kNone;
+}
+
+Status ValidatePermutation(const std::vector<int32_t>& perm, int rank) {
+  if (perm.size() < 2) {
+    return InvalidArgument("perm must name every axis of the product (at least",
+                           " 2), got ", perm.size(), " entries");
+  }
+  if (rank >= 0 && static_cast<int>(perm.size()) != rank) {
+    return InvalidArgument("perm has ", perm.size(),
+                           " entries but the product has rank ", rank);
+  }
+  std::vector<bool> seen(perm.size(), false);
+  for (int32_t p : perm) {
+    if (p < 0 || p >= static_cast<int32_t>(perm.size()) || seen[p]) {
+      return InvalidArgument("perm [", absl::StrJoin(perm, ","),
+                             "] is not a permutation of 0..",
+                             static_cast<int>(perm.size()) - 1);
+    }
+    seen[p] = true;
+  }
+  return Status();
+}
+
+Status PlanBatchMatMul(const Tensor& x, const Tensor& y, bool adj_x,
+                       bool adj_y, float alpha, const Tensor* addend,
+                       const std::vector<int32_t>& perm,
+                       ContractionPlan* plan) {
+  const Dims xd = DimsOf(x.shape()), yd = DimsOf(y.shape());
+  if (xd.size() < 2 || yd.size() < 2) {
+    return InvalidArgument("x and y need rank >= 2, got x ", Show(xd),
+                           " and y ", Show(yd));
+  }
+  const size_t xr = xd.size(), yr = yd.size();
+  plan->transpose_a = adj_x;
+  plan->transpose_b = adj_y;
+  plan->lda = xd[xr - 1];
+  plan->ldb = yd[yr - 1];
+  plan->m = adj_x ? xd[xr - 1] : xd[xr - 2];
+  const int64_t kx = adj_x ? xd[xr - 2] : xd[xr - 1];
+  const int64_t ky = adj_y ? yd[yr - 1] : yd[yr - 2];
+  plan->n = adj_y ? yd[yr - 2] : yd[yr - 1];
+  if (kx != ky) {
+    return InvalidArgument("contraction dims differ: x ", Show(xd),
+                           adj_x ? " (adjoint)" : "", " has K=", kx, ", y ",
+                           Show(yd), adj_y ? " (adjoint)" : "", " has K=", ky);
+  }
+  plan->k = kx;
+
+  const Dims xb = Head(xd, xr - 2), yb = Head(yd, yr - 2);
+  Dims batch;
+  if (!BroadcastShapes(xb, yb, &batch)) {
+    return InvalidArgument("batch dims of x ", Show(xd), " and y ", Show(yd),
+                           " do not broadcast");
+  }
+  Dims product = batch;
+  product.push_back(plan->m);
+  product.push_back(plan->n);
+  const size_t nb = batch.size();
+
+  Dims strides;
+  BroadcastStrides(xb, batch, &strides);
+  plan->a_offsets = Offsets(batch, strides);
+  for (int64_t& o : plan->a_offsets) o *= xd[xr - 2] * xd[xr - 1];
+  BroadcastStrides(yb, batch, &strides);
+  plan->b_offsets = Offsets(batch, strides);
+  for (int64_t& o : plan->b_offsets) o *= yd[yr - 2] * yd[yr - 1];
+
+  // Output placement: the product's axes permuted by `perm` (identity if
+  // empty). product_strides[j] is the output stride of product axis j.
+  Dims out_dims = product;
+  Dims product_strides = DenseStrides(product);
+  if (!perm.empty()) {
+    TF_RETURN_IF_ERROR(
+        ValidatePermutation(perm, static_cast<int>(product.size())));
+    for (size_t i = 0; i < perm.size(); ++i) out_dims[i] = product[perm[i]];
+    const Dims out_strides = DenseStrides(out_dims);
+    for (size_t i = 0; i < perm.size(); ++i) {
+      product_strides[perm[i]] = out_strides[i];
+    }
+  }
+  plan->out_offsets = Offsets(batch, Head(product_strides, nb));
+  plan->out_row_stride = product_strides[nb];
+  plan->out_col_stride = product_strides[nb + 1];
+  plan->out_shape = TensorShape();
+  for (int64_t d : out_dims) plan->out_shape.AddDim(d);
+
+  plan->alpha = alpha;
+  plan->has_addend = addend != nullptr;
+  if (addend != nullptr) {
+    const Dims ad = DimsOf(addend->shape());
+    if (!BroadcastStrides(ad, product, &strides)) {
+      return InvalidArgument("addend ", Show(ad),
+                             " does not broadcast to the product ",
+                             Show(product));
+    }
+    plan->addend_offsets = Offsets(batch, Head(strides, nb));
+    plan->addend_row_stride = strides[nb];
+    plan->addend_col_stride = strides[nb + 1];
+  }
+  return Status();
+}
+
+Status PlanMatMul(const Tensor& a, const Tensor& b, const Tensor* bias,
+                  bool transpose_a, bool transpose_b, Activation activation,
+                  ContractionPlan* plan) {
+  if (a.dims() != 2 || b.dims() != 2) {
+    return InvalidArgument("a and b must be matrices, got a ",
+                           a.shape().DebugString(), " and b ",
+                           b.shape().DebugString());
+  }
+  const int64_t n = b.dim_size(transpose_b ? 0 : 1);
+  if (bias != nullptr && (bias->dims() != 1 || bias->dim_size(0) != n)) {
+    return InvalidArgument("bias must have shape [", n, "] (N), got ",
+                           bias->shape().DebugString());
+  }
+  TF_RETURN_IF_ERROR(PlanBatchMatMul(a, b, transpose_a, transpose_b, 1.0f,
+                                     bias, {}, plan));
+  plan->activation = activation;
+  return Status();
+}
+
+}  // namespace tf_dietcode

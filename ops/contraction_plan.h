@@ -1,0 +1,73 @@
+// The shape contract shared by every Dietcode fused op.
+//
+// All three ops compute  out = place(act(alpha * op(a) @ op(b) + addend))  over
+// broadcast batch dims. A ContractionPlan is that computation with every shape
+// question answered ahead of the arithmetic: per output matrix, where its
+// operands start, where its addend starts and where its result lands. Kernels
+// (generic or tuned) only walk the plan, so validation lives in one place.
+#ifndef TF_DIETCODE_OPS_CONTRACTION_PLAN_H_
+#define TF_DIETCODE_OPS_CONTRACTION_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/platform/status.h"
+
+namespace tf_dietcode {
+
+enum class Activation { kNone, kRelu, kTanh, kSigmoid, kGeluExact, kGeluTanh };
+
+// Parses the `activation` attr value; the attr's allowed list keeps it valid.
+Activation ParseActivation(const std::string& name);
+
+struct ContractionPlan {
+  int64_t m = 0, n = 0, k = 0;
+  bool transpose_a = false, transpose_b = false;
+  int64_t lda = 0, ldb = 0;  // row strides of a and b as stored
+
+  // One entry per output matrix (the broadcast batch, flattened).
+  std::vector<int64_t> a_offsets, b_offsets, out_offsets, addend_offsets;
+
+  // Where element (row, col) of one product matrix lands in the output.
+  int64_t out_row_stride = 0, out_col_stride = 1;
+
+  // Epilogue. An addend (bias or broadcast add) is read at
+  // addend_offsets[batch] + row * addend_row_stride + col * addend_col_stride;
+  // a stride of 0 is a broadcast dimension.
+  float alpha = 1.0f;
+  bool has_addend = false;
+  int64_t addend_row_stride = 0, addend_col_stride = 0;
+  Activation activation = Activation::kNone;
+
+  tensorflow::TensorShape out_shape;
+
+  int64_t batch() const { return static_cast<int64_t>(out_offsets.size()); }
+};
+
+// DietcodeFusedMatMul: a[M,K] (or [K,M]), b[K,N] (or [N,K]), optional bias[N].
+tensorflow::Status PlanMatMul(const tensorflow::Tensor& a,
+                              const tensorflow::Tensor& b,
+                              const tensorflow::Tensor* bias, bool transpose_a,
+                              bool transpose_b, Activation activation,
+                              ContractionPlan* plan);
+
+// DietcodeFusedBatchMatMul{Add,Transpose}: x[..., M, K], y[..., K, N] with
+// BatchMatMulV2 broadcasting and adjoints, an optional addend broadcastable to
+// the product, and an optional permutation of the product's axes.
+tensorflow::Status PlanBatchMatMul(const tensorflow::Tensor& x,
+                                   const tensorflow::Tensor& y, bool adj_x,
+                                   bool adj_y, float alpha,
+                                   const tensorflow::Tensor* addend,
+                                   const std::vector<int32_t>& perm,
+                                   ContractionPlan* plan);
+
+// Checks that `perm` is a permutation of [0, rank) (rank < 0: unknown).
+tensorflow::Status ValidatePermutation(const std::vector<int32_t>& perm,
+                                       int rank);
+
+}  // namespace tf_dietcode
+
+#endif  // TF_DIETCODE_OPS_CONTRACTION_PLAN_H_

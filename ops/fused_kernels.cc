@@ -1,0 +1,136 @@
+// CPU kernels of the Dietcode fused ops: read inputs and attrs into a
+// ContractionPlan, then run it. No mutable state: Compute is thread-safe.
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "contraction_plan.h"
+#include "generic_kernel.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/platform/logging.h"
+
+namespace tf_dietcode {
+namespace {
+
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Status;
+using tensorflow::Tensor;
+using tensorflow::errors::InvalidArgument;
+
+// Shared body: subclasses only say how their inputs form a plan.
+class FusedContractionOp : public OpKernel {
+ public:
+  explicit FusedContractionOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor* bundle;
+    OP_REQUIRES_OK(ctx, ctx->input("bundle", &bundle));
+    OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(bundle->shape()),
+                InvalidArgument("bundle must be a scalar string, got shape ",
+                                bundle->shape().DebugString()));
+    if (!bundle->scalar<tensorflow::tstring>()().empty()) {
+      // Tuned dispatch is not part of this build yet: say so once, and stay
+      // correct through the generic kernel.
+      std::call_once(bundle_warning_, [&] {
+        LOG(WARNING) << name() << ": kernel bundle '"
+                     << bundle->scalar<tensorflow::tstring>()()
+                     << "' ignored; this build runs the generic kernel only";
+      });
+    }
+
+    ContractionPlan plan;
+    const Tensor *a, *b, *addend = nullptr;
+    OP_REQUIRES_OK(ctx, Plan(ctx, &a, &b, &addend, &plan));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, plan.out_shape, &out));
+    if (out->NumElements() == 0) return;
+    RunGenericContraction(ctx, plan, a->flat<float>().data(),
+                          b->flat<float>().data(),
+                          addend ? addend->flat<float>().data() : nullptr,
+                          out->flat<float>().data());
+  }
+
+ protected:
+  virtual Status Plan(OpKernelContext* ctx, const Tensor** a, const Tensor** b,
+                      const Tensor** addend, ContractionPlan* plan) = 0;
+
+ private:
+  std::once_flag bundle_warning_;
+};
+
+class FusedMatMulOp : public FusedContractionOp {
+ public:
+  explicit FusedMatMulOp(OpKernelConstruction* ctx) : FusedContractionOp(ctx) {
+    std::string activation;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("transpose_a", &transpose_a_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("transpose_b", &transpose_b_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("activation", &activation));
+    activation_ = ParseActivation(activation);
+  }
+
+ protected:
+  Status Plan(OpKernelContext* ctx, const Tensor** a, const Tensor** b,
+              const Tensor** addend, ContractionPlan* plan) override {
+    tensorflow::OpInputList bias;
+    TF_RETURN_IF_ERROR(ctx->input("a", a));
+    TF_RETURN_IF_ERROR(ctx->input("b", b));
+    TF_RETURN_IF_ERROR(ctx->input_list("bias", &bias));
+    if (bias.size() > 1) {
+      return InvalidArgument("at most one bias, got ", bias.size());
+    }
+    if (bias.size() == 1) *addend = &bias[0];
+    return PlanMatMul(**a, **b, *addend, transpose_a_, transpose_b_,
+                      activation_, plan);
+  }
+
+ private:
+  bool transpose_a_, transpose_b_;
+  Activation activation_;
+};
+
+// Both batch ops: `perm` is empty for the Add op, `addend` absent for the
+// Transpose op.
+class FusedBatchMatMulOp : public FusedContractionOp {
+ public:
+  explicit FusedBatchMatMulOp(OpKernelConstruction* ctx)
+      : FusedContractionOp(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("adj_x", &adj_x_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("adj_y", &adj_y_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("alpha", &alpha_));
+    has_addend_ = !ctx->HasAttr("perm");
+    if (!has_addend_) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("perm", &perm_));
+      OP_REQUIRES_OK(ctx, ValidatePermutation(perm_, -1));
+    }
+  }
+
+ protected:
+  Status Plan(OpKernelContext* ctx, const Tensor** x, const Tensor** y,
+              const Tensor** addend, ContractionPlan* plan) override {
+    TF_RETURN_IF_ERROR(ctx->input("x", x));
+    TF_RETURN_IF_ERROR(ctx->input("y", y));
+    if (has_addend_) TF_RETURN_IF_ERROR(ctx->input("addend", addend));
+    return PlanBatchMatMul(**x, **y, adj_x_, adj_y_, alpha_, *addend, perm_,
+                           plan);
+  }
+
+ private:
+  bool adj_x_, adj_y_, has_addend_;
+  float alpha_;
+  std::vector<int32_t> perm_;
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("DietcodeFusedMatMul").Device(tensorflow::DEVICE_CPU), FusedMatMulOp);
+REGISTER_KERNEL_BUILDER(
+    Name("DietcodeFusedBatchMatMulAdd").Device(tensorflow::DEVICE_CPU),
+    FusedBatchMatMulOp);
+REGISTER_KERNEL_BUILDER(
+    Name("DietcodeFusedBatchMatMulTranspose").Device(tensorflow::DEVICE_CPU),
+    FusedBatchMatMulOp);
+
+}  // namespace
+}  // namespace tf_dietcode

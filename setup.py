@@ -1,0 +1,100 @@
+"""Builds libtf_dietcode_ops.so against the installed TensorFlow and TVM runtime.
+
+The op library must match the TensorFlow it is loaded into (C++ ABI, headers),
+so it is compiled at install time with the flags `tf.sysconfig` reports, and the
+TF version it was built for is recorded in build_info.json beside it. Install
+with `pip install --no-build-isolation .` so the build sees that TensorFlow.
+"""
+
+import concurrent.futures
+import json
+import os
+import pathlib
+import shlex
+import subprocess
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = pathlib.Path(__file__).resolve().parent
+OP_LIBRARY = "tf_dietcode.libtf_dietcode_ops"
+BUILD_INFO = "build_info.json"
+
+
+def _run(command):
+    print(" ".join(shlex.quote(part) for part in command), flush=True)
+    subprocess.run(command, check=True)
+
+
+class BuildOpLibrary(build_ext):
+    """Compiles ops/*.cc with g++ (CXX overrides) into the op library."""
+
+    def get_ext_filename(self, fullname):
+        if fullname.split(".")[-1] == OP_LIBRARY.split(".")[-1]:
+            return os.path.join(*fullname.split(".")) + ".so"
+        return super().get_ext_filename(fullname)
+
+    def build_extension(self, ext):
+        import tensorflow as tf
+        import tvm
+        import tvm_ffi.libinfo
+
+        tvm_lib_dir = str(pathlib.Path(tvm.__file__).parent / "lib")
+        ffi_lib_dir = str(pathlib.Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent)
+        tf_lib_dir = tf.sysconfig.get_lib()
+        cxx = os.environ.get("CXX", "g++")
+        cflags = [
+            *tf.sysconfig.get_compile_flags(),
+            "-I" + tvm_ffi.libinfo.find_include_path(),
+            "-O3", "-march=native", "-DNDEBUG", "-fPIC", "-fvisibility=hidden",
+            "-Wno-deprecated-declarations",
+            *shlex.split(os.environ.get("TF_DIETCODE_CXXFLAGS", "")),
+        ]
+        build_temp = pathlib.Path(self.build_temp)
+        build_temp.mkdir(parents=True, exist_ok=True)
+        objects = [str(build_temp / (pathlib.Path(s).stem + ".o")) for s in ext.sources]
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
+            list(pool.map(lambda so: _run([cxx, "-c", so[0], "-o", so[1], *cflags]),
+                          zip(ext.sources, objects)))
+
+        output = pathlib.Path(self.get_ext_fullpath(ext.name))
+        output.parent.mkdir(parents=True, exist_ok=True)
+        # Both TVM libraries are linked with --no-as-needed: nothing references
+        # them by name yet, but TVM kernels loaded later need libtvm_runtime's
+        # parallel-launch and workspace functions in the process, and
+        # libtvm_runtime finds libtvm_ffi only because it is loaded first.
+        _run([
+            cxx, "-shared", "-o", str(output), *objects,
+            *tf.sysconfig.get_link_flags(),
+            "-Wl,--no-as-needed", "-L" + ffi_lib_dir, "-ltvm_ffi",
+            "-L" + tvm_lib_dir, "-ltvm_runtime", "-Wl,--as-needed",
+            *(f"-Wl,-rpath,{d}" for d in (tf_lib_dir, ffi_lib_dir, tvm_lib_dir)),
+        ])
+        # The loader refuses a library built for another TensorFlow.
+        build_info = {"tensorflow": tf.__version__, "tvm": tvm.__version__}
+        (output.parent / BUILD_INFO).write_text(json.dumps(build_info))
+
+    def copy_extensions_to_source(self):
+        """Editable installs: the build info goes into the source tree with the .so."""
+        super().copy_extensions_to_source()
+        package_dir = self.get_finalized_command("build_py").get_package_dir("tf_dietcode")
+        self.copy_file(os.path.join(self.build_lib, "tf_dietcode", BUILD_INFO),
+                       os.path.join(package_dir, BUILD_INFO))
+
+
+setup(
+    name="tf_dietcode",
+    version="0.1.0",
+    description="Dynamic-shape Transformer inference in TensorFlow with DietCode-tuned kernels",
+    python_requires=">=3.11",
+    packages=["tf_dietcode", "tf_dietcode.graph_rewrite", "tf_dietcode.tuning"],
+    package_dir={
+        "tf_dietcode": "tf_dietcode",
+        "tf_dietcode.graph_rewrite": "graph_rewrite",
+        "tf_dietcode.tuning": "tuning",
+    },
+    ext_modules=[Extension(OP_LIBRARY, sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "ops").glob("*.cc")))],
+    cmdclass={"build_ext": BuildOpLibrary},
+    install_requires=(ROOT / "requirements.txt").read_text().split(),
+    zip_safe=False,
+)

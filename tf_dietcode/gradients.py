@@ -1,0 +1,48 @@
+"""Gradients of the fused ops, derived from their reference TF-op definitions.
+
+Each gradient re-runs the op's reference composition under a GradientTape and
+takes its vector-Jacobian product, so the backward pass is built from standard
+TF ops (differentiable again, and correct by construction). The price is one
+recomputed forward product per backward pass.
+"""
+
+import tensorflow as tf
+
+from tf_dietcode import reference
+
+
+def _vjp(function, inputs, output_gradient):
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        output = function(*inputs)
+    return tape.gradient(output, inputs, output_gradients=output_gradient,
+                         unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+
+def _batch_attrs(op):
+    return {"adj_x": op.get_attr("adj_x"), "adj_y": op.get_attr("adj_y"), "alpha": op.get_attr("alpha")}
+
+
+@tf.RegisterGradient("DietcodeFusedMatMul")
+def _fused_matmul_gradient(op, grad):
+    attrs = {"transpose_a": op.get_attr("transpose_a"), "transpose_b": op.get_attr("transpose_b"),
+             "activation": op.get_attr("activation").decode()}
+    operands = list(op.inputs[:-1])  # a, b and the optional bias; not the bundle path
+    grads = _vjp(lambda a, b, *bias: reference.fused_matmul(a, b, *bias, **attrs), operands, grad)
+    return [*grads, None]
+
+
+@tf.RegisterGradient("DietcodeFusedBatchMatMulAdd")
+def _fused_batch_matmul_add_gradient(op, grad):
+    attrs = _batch_attrs(op)
+    grads = _vjp(lambda x, y, addend: reference.fused_batch_matmul_add(x, y, addend, **attrs),
+                 list(op.inputs[:3]), grad)
+    return [*grads, None]
+
+
+@tf.RegisterGradient("DietcodeFusedBatchMatMulTranspose")
+def _fused_batch_matmul_transpose_gradient(op, grad):
+    attrs = {**_batch_attrs(op), "perm": op.get_attr("perm")}
+    grads = _vjp(lambda x, y: reference.fused_batch_matmul_transpose(x, y, **attrs),
+                 list(op.inputs[:2]), grad)
+    return [*grads, None]

@@ -1,0 +1,43 @@
+"""Finds, checks and loads libtf_dietcode_ops.so, once per process.
+
+Loading is lazy so that importing tf_dietcode stays cheap; every op wrapper
+calls load_op_library(). A library built for another TensorFlow version is
+refused with a message saying which, instead of failing on a missing symbol.
+"""
+
+import functools
+import json
+import pathlib
+import types
+
+import tensorflow as tf
+
+LIBRARY_PATH = pathlib.Path(__file__).resolve().parent / "libtf_dietcode_ops.so"
+BUILD_INFO_PATH = LIBRARY_PATH.parent / "build_info.json"
+REINSTALL_HINT = "rebuild it with `pip install --no-build-isolation --force-reinstall .` in the tf_dietcode source tree"
+
+
+def _major_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def check_build(build_info_path: pathlib.Path = BUILD_INFO_PATH,
+                tf_version: str = tf.__version__) -> None:
+    """Raises ImportError unless the library's build matches this TensorFlow."""
+    if not build_info_path.exists():
+        raise ImportError(f"tf_dietcode op library is not built ({build_info_path} is missing); {REINSTALL_HINT}")
+    built_for = json.loads(build_info_path.read_text())["tensorflow"]
+    if _major_minor(built_for) != _major_minor(tf_version):
+        raise ImportError(
+            f"libtf_dietcode_ops.so was built for TensorFlow {_major_minor(built_for)}, "
+            f"found {tf_version}; {REINSTALL_HINT}")
+
+
+@functools.cache
+def load_op_library() -> types.ModuleType:
+    """Loads the op library (registering the Dietcode ops) and returns its op module.
+
+    Call it before tf.saved_model.load() of a model that uses Dietcode ops.
+    """
+    check_build()
+    return tf.load_op_library(str(LIBRARY_PATH))

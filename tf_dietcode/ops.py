@@ -1,0 +1,61 @@
+"""Python API of the Dietcode fused ops.
+
+Each wrapper checks dtypes, loads the op library on first use and calls the op;
+`bundle` is the path of a tuned kernel bundle (a string tensor, usually a
+SavedModel asset), "" for the generic kernel.
+"""
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from tf_dietcode import gradients  # noqa: F401  (registers the ops' gradients)
+from tf_dietcode.op_library import load_op_library
+from tf_dietcode.reference import ACTIVATIONS
+
+TensorLike = tf.types.experimental.TensorLike
+
+
+def _float32(value: TensorLike, name: str) -> tf.Tensor:
+    tensor = tf.convert_to_tensor(value, dtype_hint=tf.float32)
+    if tensor.dtype != tf.float32:
+        raise tf.errors.InvalidArgumentError(
+            None, None, f"input '{name}' must be float32, got {tensor.dtype.name}")
+    return tensor
+
+
+def _activation_name(activation: str | None) -> str:
+    name = "none" if activation in (None, "linear") else activation
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or None, got {activation!r}")
+    return name
+
+
+def fused_matmul(a: TensorLike, b: TensorLike, bias: TensorLike | None = None, *,
+                 transpose_a: bool = False, transpose_b: bool = False,
+                 activation: str | None = None, bundle: TensorLike = "",
+                 name: str | None = None) -> tf.Tensor:
+    """activation(op(a) @ op(b) + bias) in one op: a[M,K] (or [K,M]), b[K,N] (or [N,K]), bias[N]."""
+    return load_op_library().dietcode_fused_mat_mul(
+        a=_float32(a, "a"), b=_float32(b, "b"),
+        bias=[] if bias is None else [_float32(bias, "bias")],
+        bundle=bundle, transpose_a=transpose_a, transpose_b=transpose_b,
+        activation=_activation_name(activation), name=name)
+
+
+def fused_batch_matmul_add(x: TensorLike, y: TensorLike, addend: TensorLike, *,
+                           adj_x: bool = False, adj_y: bool = False, alpha: float = 1.0,
+                           bundle: TensorLike = "", name: str | None = None) -> tf.Tensor:
+    """alpha * BatchMatMulV2(x, y) + addend, with addend broadcastable to the product."""
+    return load_op_library().dietcode_fused_batch_mat_mul_add(
+        x=_float32(x, "x"), y=_float32(y, "y"), addend=_float32(addend, "addend"),
+        bundle=bundle, adj_x=adj_x, adj_y=adj_y, alpha=alpha, name=name)
+
+
+def fused_batch_matmul_transpose(x: TensorLike, y: TensorLike, perm: Sequence[int], *,
+                                 adj_x: bool = False, adj_y: bool = False, alpha: float = 1.0,
+                                 bundle: TensorLike = "", name: str | None = None) -> tf.Tensor:
+    """tf.transpose(alpha * BatchMatMulV2(x, y), perm) in one op."""
+    return load_op_library().dietcode_fused_batch_mat_mul_transpose(
+        x=_float32(x, "x"), y=_float32(y, "y"), bundle=bundle,
+        perm=[int(p) for p in perm], adj_x=adj_x, adj_y=adj_y, alpha=alpha, name=name)

@@ -1,0 +1,38 @@
+"""The fused ops' computations written with standard TF ops.
+
+The single definition of what each fused op means: gradients are derived from
+it and tests compare the fused kernels against it.
+"""
+
+import functools
+
+import tensorflow as tf
+
+ACTIVATIONS = {
+    "none": tf.identity,
+    "relu": tf.nn.relu,
+    "tanh": tf.tanh,
+    "sigmoid": tf.sigmoid,
+    "gelu": functools.partial(tf.nn.gelu, approximate=False),
+    "gelu_tanh": functools.partial(tf.nn.gelu, approximate=True),
+}
+
+
+def fused_matmul(a, b, bias=None, *, transpose_a=False, transpose_b=False, activation="none"):
+    product = tf.linalg.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+    if bias is not None:
+        product = tf.nn.bias_add(product, bias)
+    return ACTIVATIONS[activation](product)
+
+
+def _scaled_product(x, y, adj_x, adj_y, alpha):
+    product = tf.linalg.matmul(x, y, adjoint_a=adj_x, adjoint_b=adj_y)
+    return product if alpha == 1.0 else product * alpha
+
+
+def fused_batch_matmul_add(x, y, addend, *, adj_x=False, adj_y=False, alpha=1.0):
+    return _scaled_product(x, y, adj_x, adj_y, alpha) + addend
+
+
+def fused_batch_matmul_transpose(x, y, *, perm, adj_x=False, adj_y=False, alpha=1.0):
+    return tf.transpose(_scaled_product(x, y, adj_x, adj_y, alpha), perm)
