@@ -17,7 +17,7 @@ TensorLike = tf.types.experimental.TensorLike
 
 
 def _float32(value: TensorLike, name: str) -> tf.Tensor:
-    tensor = tf.convert_to_tensor(value, dtype_hint=tf.float32)
+    tensor = tf.convert_to_tensor(value)
     if tensor.dtype != tf.float32:
         raise tf.errors.InvalidArgumentError(
             None, None, f"input '{name}' must be float32, got {tensor.dtype.name}")

@@ -1,0 +1,1 @@
+"""Benchmarks against peers; never part of the test suite."""

@@ -1,0 +1,32 @@
+"""Plots of benchmark rows (dicts with workload, T, peer, speedup_vs_tensorflow)."""
+
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def speedup_by_t(rows, path: pathlib.Path, title: str) -> None:
+    """One panel per workload: each peer's speed-up over TF against T."""
+    workloads = sorted({r["workload"] for r in rows})
+    columns = 3
+    figure, axes = plt.subplots(-(-len(workloads) // columns), columns, squeeze=False,
+                                figsize=(5 * columns, 3.2 * -(-len(workloads) // columns)))
+    for axis, workload in zip(axes.flat, workloads):
+        for peer in sorted({r["peer"] for r in rows if r["workload"] == workload}):
+            points = sorted((r["T"], r["speedup_vs_tensorflow"]) for r in rows
+                            if r["workload"] == workload and r["peer"] == peer)
+            axis.plot(*zip(*points), marker="o", label=peer)
+        axis.axhline(1.0, color="grey", linewidth=0.8)
+        axis.set_title(workload, fontsize=9)
+        axis.set_xlabel("T")
+        axis.set_ylabel("speed-up vs TF")
+        axis.legend(fontsize=7)
+    for axis in list(axes.flat)[len(workloads):]:
+        axis.remove()
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,51 @@
+"""Shared test helpers: seeded fresh inputs and a float64 TF reference check."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dietcode
+
+SEED = int(os.environ.get("TF_DIETCODE_TEST_SEED", random.SystemRandom().randrange(2**31)))
+
+
+def pytest_report_header(config):
+    return f"tf_dietcode test seed: {SEED} (set TF_DIETCODE_TEST_SEED to repeat)"
+
+
+@pytest.fixture
+def rng(request):
+    """Fresh inputs every session, reproducible from the printed seed."""
+    return np.random.default_rng([SEED, abs(hash(request.node.nodeid)) % 2**31])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def op_library():
+    return tf_dietcode.load_op_library()
+
+
+def random_tensor(rng, shape):
+    return rng.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+
+
+def assert_matches_reference(actual, reference_fn, inputs, **attrs):
+    """Compares a fused op's float32 output with the reference run in float64.
+
+    The bound scales with the reference applied to |inputs|, the sum of
+    absolute terms each output element adds up, as float32 rounding does.
+    """
+    as64 = [None if x is None else tf.constant(np.asarray(x, np.float64)) for x in inputs]
+    abs64 = [None if x is None else tf.abs(x) for x in as64]
+    expected = reference_fn(*as64, **attrs).numpy()
+    magnitude = np.abs(reference_fn(*abs64, **{**attrs, **_linear(attrs)}).numpy())
+    actual = np.asarray(actual)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    np.testing.assert_array_less(np.abs(actual - expected), 2e-5 * magnitude + 1e-5 * np.abs(expected) + 1e-6)
+
+
+def _linear(attrs):
+    """The magnitude bound is taken before the activation."""
+    return {"activation": "none"} if "activation" in attrs else {}

@@ -1,0 +1,93 @@
+"""Bad input gets InvalidArgument naming the problem, never a crash or garbage."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import random_tensor
+from tf_dietcode import ops
+
+InvalidArgument = tf.errors.InvalidArgumentError
+
+
+def test_matmul_rank(rng):
+    with pytest.raises(InvalidArgument, match="must be matrices"):
+        ops.fused_matmul(random_tensor(rng, (2, 3, 4)), random_tensor(rng, (4, 5)))
+
+
+def test_matmul_k_mismatch(rng):
+    with pytest.raises(InvalidArgument, match="contraction dims differ"):
+        ops.fused_matmul(random_tensor(rng, (2, 3)), random_tensor(rng, (4, 5)))
+
+
+@pytest.mark.parametrize("bias_shape", [(4,), (1,), (5, 1), ()])
+def test_matmul_bias_shape(rng, bias_shape):
+    with pytest.raises(InvalidArgument, match=r"bias must have shape \[5\]"):
+        ops.fused_matmul(random_tensor(rng, (2, 3)), random_tensor(rng, (3, 5)), random_tensor(rng, bias_shape))
+
+
+def test_batch_matmul_rank(rng):
+    with pytest.raises(InvalidArgument, match="rank >= 2"):
+        ops.fused_batch_matmul_add(random_tensor(rng, (3,)), random_tensor(rng, (3, 2)), 0.0)
+
+
+def test_batch_matmul_k_mismatch(rng):
+    with pytest.raises(InvalidArgument, match="contraction dims differ"):
+        ops.fused_batch_matmul_transpose(random_tensor(rng, (2, 3, 4)), random_tensor(rng, (2, 5, 6)), [0, 1, 2])
+
+
+def test_batch_dims_do_not_broadcast(rng):
+    with pytest.raises(InvalidArgument, match="batch dims .* do not broadcast"):
+        ops.fused_batch_matmul_add(random_tensor(rng, (2, 3, 4)), random_tensor(rng, (3, 4, 5)), 0.0)
+
+
+@pytest.mark.parametrize("addend_shape", [(4, 5), (2, 2, 3, 5), (3, 3, 5), (5, 1, 1)])
+def test_addend_must_not_grow_the_output(rng, addend_shape):
+    with pytest.raises(InvalidArgument, match="does not broadcast to the product"):
+        ops.fused_batch_matmul_add(random_tensor(rng, (2, 3, 4)), random_tensor(rng, (2, 4, 5)),
+                                   random_tensor(rng, addend_shape))
+
+
+@pytest.mark.parametrize("perm", [[0, 1], [0, 1, 1], [0, 1, 3], [2, 1, 0, 3], [], [-1, 0, 1]])
+def test_bad_permutation(rng, perm):
+    with pytest.raises(InvalidArgument, match="perm"):
+        ops.fused_batch_matmul_transpose(random_tensor(rng, (2, 3, 4)), random_tensor(rng, (2, 4, 5)), perm)
+
+
+def test_bad_permutation_at_graph_construction_is_a_shape_error(rng):
+    @tf.function
+    def transposed(x, y):
+        return ops.fused_batch_matmul_transpose(x, y, [0, 1, 1])
+
+    with pytest.raises(ValueError, match="is not a permutation"):
+        transposed(random_tensor(rng, (2, 3, 4)), random_tensor(rng, (2, 4, 5)))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, np.int32])
+def test_unsupported_dtype(rng, dtype):
+    with pytest.raises(InvalidArgument, match="must be float32, got"):
+        ops.fused_matmul(random_tensor(rng, (2, 3)).astype(dtype), random_tensor(rng, (3, 4)))
+
+
+def test_bundle_must_be_scalar_string(rng):
+    with pytest.raises(InvalidArgument, match="bundle must be a scalar string"):
+        ops.fused_matmul(random_tensor(rng, (2, 3)), random_tensor(rng, (3, 4)), bundle=["a", "b"])
+
+
+def test_unknown_shapes_fail_at_run_time_with_invalid_argument(rng):
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.float32)] * 2)
+    def dense(a, b):
+        return ops.fused_matmul(a, b)
+
+    with pytest.raises(InvalidArgument, match="contraction dims differ"):
+        dense(random_tensor(rng, (2, 3)), random_tensor(rng, (4, 5)))
+
+
+def test_misaligned_and_strided_views_compute_correctly(rng):
+    """TF hands kernels dense buffers, but slices may start at any float: the
+    generic kernel makes no alignment assumption."""
+    base = tf.constant(random_tensor(rng, (1 + 7 * 33,)))
+    for offset in (1, 2, 3):
+        a = tf.reshape(base[offset:offset + 7 * 32], (7, 32))
+        b = tf.transpose(tf.constant(random_tensor(rng, (48, 32))))[:, 1:]
+        np.testing.assert_allclose(ops.fused_matmul(a, b), tf.matmul(a, b), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,82 @@
+"""DietcodeFusedMatMul against TF's MatMul + BiasAdd + activation."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import assert_matches_reference, random_tensor
+from tf_dietcode import ops, reference
+
+SHAPES = [  # (M, K, N): edges, primes, the paper's dims
+    (1, 1, 1), (0, 5, 3), (4, 0, 3), (3, 5, 0), (1, 768, 2304), (7, 13, 17),
+    (31, 37, 41), (16 * 17, 768, 2304), (128, 64, 3072), (97, 3072, 101),
+]
+ACTIVATIONS = [None, "relu", "tanh", "sigmoid", "gelu", "gelu_tanh"]
+
+
+def operands(rng, m, k, n, transpose_a, transpose_b):
+    a = random_tensor(rng, (k, m) if transpose_a else (m, k))
+    b = random_tensor(rng, (n, k) if transpose_b else (k, n))
+    return a, b, random_tensor(rng, (n,))
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+@pytest.mark.parametrize("transpose_a", [False, True])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_matches_tf_across_shapes_and_layouts(rng, m, k, n, transpose_a, transpose_b):
+    a, b, bias = operands(rng, m, k, n, transpose_a, transpose_b)
+    actual = ops.fused_matmul(a, b, bias, transpose_a=transpose_a, transpose_b=transpose_b)
+    assert_matches_reference(actual, reference.fused_matmul, [a, b, bias],
+                             transpose_a=transpose_a, transpose_b=transpose_b)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_activations_and_optional_bias(rng, activation, with_bias):
+    a, b, bias = operands(rng, 33, 96, 130, False, True)
+    bias = bias if with_bias else None
+    actual = ops.fused_matmul(a, b, bias, transpose_b=True, activation=activation)
+    assert_matches_reference(actual, reference.fused_matmul, [a, b, bias], transpose_b=True,
+                             activation=activation or "none")
+
+
+def test_activation_names_as_keras_passes_them(rng):
+    a, b, bias = operands(rng, 3, 4, 5, False, False)
+    np.testing.assert_array_equal(ops.fused_matmul(a, b, bias, activation="linear"),
+                                  ops.fused_matmul(a, b, bias))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        ops.fused_matmul(a, b, bias, activation="swish")
+
+
+def test_tf_function_with_unknown_dims_keeps_them_unknown(rng):
+    spec = tf.TensorSpec([None, 64], tf.float32)
+
+    @tf.function(input_signature=[spec, tf.TensorSpec([64, 48]), tf.TensorSpec([48])])
+    def dense(a, b, bias):
+        out = ops.fused_matmul(a, b, bias, activation="relu")
+        assert out.shape.as_list() == [None, 48]
+        return out
+
+    for m in (1, 5, 128):
+        a, b, bias = operands(rng, m, 64, 48, False, False)
+        assert_matches_reference(dense(a, b, bias), reference.fused_matmul, [a, b, bias], activation="relu")
+
+
+def test_graph_mode_session(rng):
+    a, b, bias = operands(rng, 19, 23, 29, True, False)
+    with tf.Graph().as_default():
+        pa = tf.compat.v1.placeholder(tf.float32, [None, None])
+        pb = tf.compat.v1.placeholder(tf.float32, [None, 29])
+        pbias = tf.compat.v1.placeholder(tf.float32, [29])
+        out = ops.fused_matmul(pa, pb, pbias, transpose_a=True, activation="gelu_tanh")
+        with tf.compat.v1.Session() as session:
+            actual = session.run(out, {pa: a, pb: b, pbias: bias})
+    assert_matches_reference(actual, reference.fused_matmul, [a, b, bias], transpose_a=True,
+                             activation="gelu_tanh")
+
+
+def test_respects_intra_op_threads_result_is_deterministic(rng):
+    a, b, bias = operands(rng, 300, 200, 500, False, False)
+    first = ops.fused_matmul(a, b, bias).numpy()
+    for _ in range(3):
+        np.testing.assert_array_equal(ops.fused_matmul(a, b, bias).numpy(), first)

@@ -1,0 +1,34 @@
+"""Loading the op library: once, with a clear message when the build does not fit."""
+
+import json
+
+import pytest
+import tensorflow as tf
+
+from tf_dietcode import op_library
+
+
+def test_loads_once_and_registers_the_ops():
+    assert op_library.load_op_library() is op_library.load_op_library()
+    module = op_library.load_op_library()
+    for wrapper in ("dietcode_fused_mat_mul", "dietcode_fused_batch_mat_mul_add",
+                    "dietcode_fused_batch_mat_mul_transpose"):
+        assert callable(getattr(module, wrapper))
+
+
+def test_build_for_another_tensorflow_is_refused_by_name(tmp_path):
+    info = tmp_path / "build_info.json"
+    info.write_text(json.dumps({"tensorflow": "2.22.1"}))
+    with pytest.raises(ImportError, match=r"built for TensorFlow 2\.22, found 2\.21\.\d+; rebuild"):
+        op_library.check_build(info, tf_version="2.21.0")
+    op_library.check_build(info, tf_version="2.22.0")
+
+
+def test_missing_build_says_how_to_build(tmp_path):
+    with pytest.raises(ImportError, match="not built .*pip install --no-build-isolation"):
+        op_library.check_build(tmp_path / "build_info.json")
+
+
+def test_installed_build_matches_this_tensorflow():
+    op_library.check_build()
+    assert json.loads(op_library.BUILD_INFO_PATH.read_text())["tensorflow"] == tf.__version__
