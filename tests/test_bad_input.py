@@ -91,3 +91,8 @@ def test_misaligned_and_strided_views_compute_correctly(rng):
         a = tf.reshape(base[offset:offset + 7 * 32], (7, 32))
         b = tf.transpose(tf.constant(random_tensor(rng, (48, 32))))[:, 1:]
         np.testing.assert_allclose(ops.fused_matmul(a, b), tf.matmul(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_a_bundle_path_without_tuned_dispatch_still_computes_correctly(rng):
+    a, b = random_tensor(rng, (9, 16)), random_tensor(rng, (16, 4))
+    np.testing.assert_allclose(ops.fused_matmul(a, b, bundle="/no/such/bundle"), a @ b, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,27 @@
+# Every target sets up what it needs: a virtualenv in .venv, the pinned
+# dependencies, and the op library built against that environment's TensorFlow.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.tf_dietcode-installed
+
+.PHONY: demo test bench clean
+
+$(INSTALLED): setup.py requirements.txt requirements-dev.txt $(wildcard ops/*.cc ops/*.h)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip "setuptools>=70" wheel
+	$(PY) -m pip install -q -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install -q --no-build-isolation -e .
+	touch $@
+
+demo: $(INSTALLED)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.generic_kernels --quick
+
+bench: $(INSTALLED)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.generic_kernels
+
+test: $(INSTALLED)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info tf_dietcode/*.so tf_dietcode/build_info.json
