@@ -80,3 +80,24 @@ def test_respects_intra_op_threads_result_is_deterministic(rng):
     first = ops.fused_matmul(a, b, bias).numpy()
     for _ in range(3):
         np.testing.assert_array_equal(ops.fused_matmul(a, b, bias).numpy(), first)
+
+
+def test_large_shape(rng):
+    a, b, bias = operands(rng, 2048, 768, 2304, False, True)
+    actual = ops.fused_matmul(a, b, bias, transpose_b=True, activation="gelu_tanh")
+    assert_matches_reference(actual, reference.fused_matmul, [a, b, bias], transpose_b=True,
+                             activation="gelu_tanh")
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_non_finite_values_propagate_like_tf(rng, activation):
+    a, b, bias = operands(rng, 6, 5, 4, False, False)
+    a[0, 0], a[1, 1], a[2, 2] = np.nan, np.inf, -np.inf
+    a[3, 0], a[4, 0] = 1e30, -1e30
+    bias[3] = np.inf
+    actual = ops.fused_matmul(a, b, bias, activation=activation).numpy()
+    expected = reference.fused_matmul(a, b, bias, activation=activation or "none").numpy()
+    np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(actual[~finite & ~np.isnan(expected)], expected[~finite & ~np.isnan(expected)])
+    np.testing.assert_allclose(actual[finite], expected[finite], rtol=1e-5, atol=1e-5)
