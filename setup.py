@@ -7,6 +7,7 @@ with `pip install --no-build-isolation .` so the build sees that TensorFlow.
 """
 
 import concurrent.futures
+import importlib.util
 import json
 import os
 import pathlib
@@ -19,6 +20,14 @@ from setuptools.command.build_ext import build_ext
 ROOT = pathlib.Path(__file__).resolve().parent
 OP_LIBRARY = "tf_dietcode.libtf_dietcode_ops"
 BUILD_INFO = "build_info.json"
+
+
+def _cpu_features_module():
+    """tf_dietcode/cpu_features.py alone: the package itself is not built yet."""
+    spec = importlib.util.spec_from_file_location("cpu_features", ROOT / "tf_dietcode" / "cpu_features.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _run(command):
@@ -70,8 +79,9 @@ class BuildOpLibrary(build_ext):
             "-L" + tvm_lib_dir, "-ltvm_runtime", "-Wl,--as-needed",
             *(f"-Wl,-rpath,{d}" for d in (tf_lib_dir, ffi_lib_dir, tvm_lib_dir)),
         ])
-        # The loader refuses a library built for another TensorFlow.
-        build_info = {"tensorflow": tf.__version__, "tvm": tvm.__version__}
+        # The loader refuses a library built for another TensorFlow or CPU.
+        build_info = {"tensorflow": tf.__version__, "tvm": tvm.__version__,
+                      "cpu_features": _cpu_features_module().simd_features()}
         (output.parent / BUILD_INFO).write_text(json.dumps(build_info))
 
     def copy_extensions_to_source(self):

@@ -5,7 +5,7 @@ import json
 import pytest
 import tensorflow as tf
 
-from tf_dietcode import op_library
+from tf_dietcode import cpu_features, op_library
 
 
 def test_loads_once_and_registers_the_ops():
@@ -18,10 +18,18 @@ def test_loads_once_and_registers_the_ops():
 
 def test_build_for_another_tensorflow_is_refused_by_name(tmp_path):
     info = tmp_path / "build_info.json"
-    info.write_text(json.dumps({"tensorflow": "2.22.1"}))
+    info.write_text(json.dumps({"tensorflow": "2.22.1", "cpu_features": []}))
     with pytest.raises(ImportError, match=r"built for TensorFlow 2\.22, found 2\.21\.\d+; rebuild"):
         op_library.check_build(info, tf_version="2.21.0")
     op_library.check_build(info, tf_version="2.22.0")
+
+
+def test_build_for_a_cpu_with_more_instructions_is_refused_by_name(tmp_path):
+    info = tmp_path / "build_info.json"
+    info.write_text(json.dumps({"tensorflow": tf.__version__, "cpu_features": ["avx2", "avx512f", "fma"]}))
+    with pytest.raises(ImportError, match="built for a CPU with avx512f, which this CPU lacks"):
+        op_library.check_build(info, cpu=["avx", "avx2", "fma"])
+    op_library.check_build(info, cpu=["avx2", "avx512bw", "avx512f", "fma"])
 
 
 def test_missing_build_says_how_to_build(tmp_path):
@@ -32,3 +40,10 @@ def test_missing_build_says_how_to_build(tmp_path):
 def test_installed_build_matches_this_tensorflow():
     op_library.check_build()
     assert json.loads(op_library.BUILD_INFO_PATH.read_text())["tensorflow"] == tf.__version__
+
+
+def test_simd_features_read_from_cpuinfo(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f mmx\n")
+    assert cpu_features.simd_features(cpuinfo) == ["avx", "avx2", "avx512f", "fma", "sse4_2"]
+    assert cpu_features.simd_features(tmp_path / "absent") == []

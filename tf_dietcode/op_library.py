@@ -12,6 +12,8 @@ import types
 
 import tensorflow as tf
 
+from tf_dietcode import cpu_features
+
 LIBRARY_PATH = pathlib.Path(__file__).resolve().parent / "libtf_dietcode_ops.so"
 BUILD_INFO_PATH = LIBRARY_PATH.parent / "build_info.json"
 REINSTALL_HINT = "rebuild it with `pip install --no-build-isolation --force-reinstall .` in the tf_dietcode source tree"
@@ -22,15 +24,23 @@ def _major_minor(version: str) -> str:
 
 
 def check_build(build_info_path: pathlib.Path = BUILD_INFO_PATH,
-                tf_version: str = tf.__version__) -> None:
-    """Raises ImportError unless the library's build matches this TensorFlow."""
+                tf_version: str = tf.__version__,
+                cpu: list[str] | None = None) -> None:
+    """Raises ImportError unless the library's build matches this TensorFlow and CPU."""
     if not build_info_path.exists():
         raise ImportError(f"tf_dietcode op library is not built ({build_info_path} is missing); {REINSTALL_HINT}")
-    built_for = json.loads(build_info_path.read_text())["tensorflow"]
+    build_info = json.loads(build_info_path.read_text())
+    built_for = build_info["tensorflow"]
     if _major_minor(built_for) != _major_minor(tf_version):
         raise ImportError(
             f"libtf_dietcode_ops.so was built for TensorFlow {_major_minor(built_for)}, "
             f"found {tf_version}; {REINSTALL_HINT}")
+    missing = cpu_features.missing_features(
+        build_info["cpu_features"], cpu_features.simd_features() if cpu is None else cpu)
+    if missing:
+        raise ImportError(
+            f"libtf_dietcode_ops.so was built for a CPU with {', '.join(missing)}, which this CPU lacks; "
+            f"{REINSTALL_HINT}")
 
 
 @functools.cache
