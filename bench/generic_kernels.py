@@ -63,6 +63,11 @@ def main(argv=None):
     plots.speedup_by_t(rows, args.out / "generic_kernels.png",
                        title=f"Generic kernels vs TF {tf.__version__} (in-graph, {args.threads} threads)")
 
+    print(f"\n{'workload':36s} {'T':>4s} {'TF ms':>9s} {'dietcode ms':>12s} {'speed-up':>9s}")
+    for row in rows:
+        if row["peer"] == "dietcode":
+            tf_ms = row["ms"] * row["speedup_vs_tensorflow"]
+            print(f"{row['workload']:36s} {row['T']:4d} {tf_ms:9.3f} {row['ms']:12.3f} {row['speedup_vs_tensorflow']:8.2f}x")
     print(f"\n{'workload':36s} {'geomean speed-up vs TF':>24s}")
     for workload, speedup in geomean_speedups(rows).items():
         print(f"{workload:36s} {speedup:24.2f}x")
