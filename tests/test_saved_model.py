@@ -29,8 +29,9 @@ LOADER = textwrap.dedent("""
 
 
 class Attention(tf.Module):
-    def __init__(self, rng):
+    def __init__(self, rng, bundle_file):
         super().__init__()
+        self.bundle = tf.saved_model.Asset(str(bundle_file))
         self.w_qkv = tf.Variable(random_tensor(rng, (3 * 32, 32)))
         self.b_qkv = tf.Variable(random_tensor(rng, (3 * 32,)))
 
@@ -39,7 +40,7 @@ class Attention(tf.Module):
     def __call__(self, hidden, mask):
         batch, time = tf.shape(hidden)[0], tf.shape(hidden)[1]
         qkv = ops.fused_matmul(tf.reshape(hidden, [-1, 32]), self.w_qkv, self.b_qkv,
-                               transpose_b=True, activation="gelu_tanh")
+                               transpose_b=True, activation="gelu_tanh", bundle=self.bundle.asset_path)
         q, k, v = (tf.transpose(tf.reshape(part, [batch, time, 4, 8]), [0, 2, 1, 3])
                    for part in tf.split(qkv, 3, axis=-1))
         scores = ops.fused_batch_matmul_add(q, k, mask, adj_y=True, alpha=8 ** -0.5)
@@ -48,7 +49,9 @@ class Attention(tf.Module):
 
 
 def test_saved_model_serves_in_fresh_process_from_a_copied_directory(rng, tmp_path):
-    module = Attention(rng)
+    bundle_file = tmp_path / "kernels.bundle"
+    bundle_file.write_text("stand-in bundle: only its path matters here")
+    module = Attention(rng, bundle_file)
     saved = tmp_path / "saved"
     tf.saved_model.save(module, str(saved), signatures={"serving_default": module.__call__})
     moved = tmp_path / "moved"
@@ -62,9 +65,11 @@ def test_saved_model_serves_in_fresh_process_from_a_copied_directory(rng, tmp_pa
         expected.update({f"{key}{t}": value.numpy() for key, value in module(hidden, mask).items()})
     np.savez(tmp_path / "inputs.npz", **inputs)
 
-    subprocess.run([sys.executable, "-c", LOADER, str(op_library.LIBRARY_PATH), str(moved),
-                    str(tmp_path / "inputs.npz"), str(tmp_path / "outputs.npz")],
-                   check=True, timeout=300, cwd=tmp_path)
+    loaded = subprocess.run([sys.executable, "-c", LOADER, str(op_library.LIBRARY_PATH), str(moved),
+                             str(tmp_path / "inputs.npz"), str(tmp_path / "outputs.npz")],
+                            check=True, timeout=300, cwd=tmp_path, capture_output=True, text=True)
+    # The bundle reaches the op as an asset path resolved inside the moved model.
+    assert f"kernel bundle '{moved / 'assets' / 'kernels.bundle'}'" in loaded.stderr
     outputs = np.load(tmp_path / "outputs.npz")
     assert sorted(outputs.files) == sorted(expected)
     for key, value in expected.items():
