@@ -1,6 +1,7 @@
 """A SavedModel using the fused ops, saved here, serves in a fresh process that
 loads only the op library (not tf_dietcode's Python package)."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -67,7 +68,8 @@ def test_saved_model_serves_in_fresh_process_from_a_copied_directory(rng, tmp_pa
 
     loaded = subprocess.run([sys.executable, "-c", LOADER, str(op_library.LIBRARY_PATH), str(moved),
                              str(tmp_path / "inputs.npz"), str(tmp_path / "outputs.npz")],
-                            check=True, timeout=300, cwd=tmp_path, capture_output=True, text=True)
+                            check=True, timeout=300, cwd=tmp_path, capture_output=True, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})  # keep the warning
     # The bundle reaches the op as an asset path resolved inside the moved model.
     assert f"kernel bundle '{moved / 'assets' / 'kernels.bundle'}'" in loaded.stderr
     outputs = np.load(tmp_path / "outputs.npz")
