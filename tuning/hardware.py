@@ -1,0 +1,64 @@
+"""Hardware limits of the machine that runs the kernels, read once.
+
+The micro-kernel space is built from these numbers (vector width, registers,
+cache sizes, cores), never from a shape, so one space serves a shape range.
+"""
+
+import dataclasses
+import functools
+import os
+import pathlib
+
+from tf_dietcode import cpu_features
+
+CACHE_DIR = pathlib.Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    mcpu: str                # LLVM's name for the CPU, e.g. "znver3", "sapphirerapids"
+    features: tuple[str, ...]
+    vector_lanes: int        # float32 lanes per SIMD register
+    vector_registers: int
+    l1d_bytes: int
+    l2_bytes: int
+    cores: int
+
+    def target(self):
+        """The TVM LLVM target for this machine."""
+        import tvm
+
+        return tvm.target.Target({"kind": "llvm", "mcpu": self.mcpu, "num-cores": self.cores})
+
+
+def _cache_bytes(level: int, default: int) -> int:
+    """Size of the data/unified cache at `level` from sysfs, e.g. '32K' -> 32768."""
+    for index in sorted(CACHE_DIR.glob("index*")):
+        try:
+            if int((index / "level").read_text()) == level and \
+                    (index / "type").read_text().strip() in ("Data", "Unified"):
+                size = (index / "size").read_text().strip()
+                scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1], 1)
+                return int(size.rstrip("KM")) * scale
+        except (OSError, ValueError):
+            continue
+    return default
+
+
+@functools.cache
+def detect() -> "Hardware":
+    """This machine's limits (cores: the CPUs this process may run on)."""
+    import tvm
+
+    features = tuple(cpu_features.simd_features())
+    wide = "avx512f" in features
+    lanes = 16 if wide else 8 if "avx" in features else 4
+    return Hardware(
+        mcpu=str(tvm.target.codegen.llvm_get_system_cpu()),
+        features=features,
+        vector_lanes=lanes,
+        vector_registers=32 if wide else 16,
+        l1d_bytes=_cache_bytes(1, 32 << 10),
+        l2_bytes=_cache_bytes(2, 512 << 10),
+        cores=len(os.sched_getaffinity(0)),
+    )

@@ -1,0 +1,53 @@
+"""Micro-kernel parameters and the shape-generic space they are drawn from.
+
+A micro-kernel computes one output tile with fixed tile sizes; every size in
+the space comes from hardware limits (vector lanes, registers, caches), never
+from a particular shape, so the space serves a whole shape range. Tiles need
+not divide the dims: local padding handles the remainder.
+"""
+
+import dataclasses
+import itertools
+
+from tf_dietcode.tuning.hardware import Hardware
+from tf_dietcode.tuning.workload import Workload
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class MicroKernel:
+    tile_m: int    # register-tile rows
+    tile_n: int    # register-tile columns; also the pre-packed weight's block width
+    tile_k: int    # K cache block (divides K: the reduction loop carries no check)
+    task_n: int    # tile_n blocks per parallel task (cache blocking of N)
+    k_outer: bool  # K blocks outside (True) or inside (False) the task's N blocks
+
+    @property
+    def name(self) -> str:
+        order = "ko" if self.k_outer else "ki"
+        return f"m{self.tile_m}_n{self.tile_n}_k{self.tile_k}_t{self.task_n}_{order}"
+
+
+def _register_tiles(hw: Hardware):
+    """(rows, columns) whose accumulators, one B row and one A broadcast fit the registers."""
+    for vectors in (1, 2, 3, 4):
+        for rows in range(1, 9):
+            if rows * vectors + vectors + 1 <= hw.vector_registers:
+                yield rows, vectors * hw.vector_lanes
+
+
+def _k_blocks(hw: Hardware, k: int, tile_n: int):
+    """Divisors of K (and K) whose weight panel (tile_k x tile_n) fits in L1 or L2."""
+    candidates = {k} | {d for d in (32, 64, 128, 192, 256, 384, 512) if d < k and k % d == 0}
+    return sorted(d for d in candidates if d * tile_n * 4 <= hw.l2_bytes // 2)
+
+
+def dense_space(hw: Hardware, workload: Workload) -> list[MicroKernel]:
+    """Every dense micro-kernel the hardware admits for this workload's static dims."""
+    space = []
+    for (tile_m, tile_n), task_n, k_outer in itertools.product(_register_tiles(hw), (1, 2, 4, 8), (True, False)):
+        if tile_n * task_n > max(workload.n.hi, tile_n):
+            continue  # a task wider than N only computes padding
+        for tile_k in _k_blocks(hw, workload.k.hi, tile_n):
+            if tile_k * tile_n * task_n * 4 <= hw.l2_bytes:
+                space.append(MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer))
+    return space

@@ -1,0 +1,95 @@
+"""Dense micro-kernels: out[M, N] = act(x[M, K] @ w[N, K]^T + bias), M symbolic.
+
+The static weight is pre-packed into blocks `wp[NB, K, tile_n]` (zero padded to
+whole parallel tasks), so the register tile reads tile_n contiguous floats per
+k. Local padding: each parallel task fetches its tile_m rows of x into a local
+zero-padded tile (the only bound check on input), accumulates a local
+tile_m x (task_n * tile_n) tile with no checks, and writes back the valid part
+with bias and activation fused (the only bound check on output).
+"""
+
+import numpy as np
+import tvm
+from tvm import s_tir, te, tirx
+
+from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.templates import activation
+from tf_dietcode.tuning.workload import Workload
+
+COMPUTE_BLOCK = "acc"
+
+
+def weight_blocks(workload: Workload, kernel: MicroKernel) -> int:
+    """Packed tile_n-column blocks, rounded up to whole parallel tasks."""
+    tasks = -(-workload.n.hi // (kernel.tile_n * kernel.task_n))
+    return tasks * kernel.task_n
+
+
+def pack_weight(weight: np.ndarray, workload: Workload, kernel: MicroKernel) -> np.ndarray:
+    """w[N, K] -> wp[NB, K, tile_n], zero padded past N."""
+    n, k = workload.n.hi, workload.k.hi
+    blocks = weight_blocks(workload, kernel)
+    padded = np.zeros((blocks * kernel.tile_n, k), dtype=np.float32)
+    padded[:n] = weight
+    return np.ascontiguousarray(padded.reshape(blocks, kernel.tile_n, k).transpose(0, 2, 1))
+
+
+def prim_func(workload: Workload, kernel: MicroKernel, m: int | None = None) -> tirx.PrimFunc:
+    """The computation with M symbolic (m=None) or fixed; params x, wp, [bias], out."""
+    n, k, tile_n = workload.n.hi, workload.k.hi, kernel.tile_n
+    rows = tirx.Var("M", "int64") if m is None else m
+    x = te.placeholder((rows, k), "float32", name="x")
+    wp = te.placeholder((weight_blocks(workload, kernel), k, tile_n), "float32", name="wp")
+    r = te.reduce_axis((0, k), "k")
+    acc = te.compute((rows, wp.shape[0], tile_n),
+                     lambda i, jo, ji: te.sum(x[i, r] * wp[jo, r, ji], axis=r), name=COMPUTE_BLOCK)
+    params = [x, wp]
+    if workload.bias:
+        bias = te.placeholder((n,), "float32", name="bias")
+        params.append(bias)
+
+    def epilogue(i, j):
+        value = acc[i, j // tile_n, j % tile_n]
+        return activation.apply(workload.activation, value + bias[j] if workload.bias else value)
+
+    out = te.compute((rows, n), epilogue, name="out")
+    return te.create_prim_func([*params, out])
+
+
+def _block(sch: s_tir.Schedule, name: str):
+    """The named block, or None where padding turned out unnecessary (tile_m = 1)."""
+    try:
+        return sch.get_sblock(name)
+    except s_tir.ScheduleError:
+        return None
+
+
+def schedule(workload: Workload, kernel: MicroKernel, m: int | None = None) -> tvm.IRModule:
+    """The micro-kernel's schedule applied to prim_func(workload, kernel, m)."""
+    sch = s_tir.Schedule(tvm.IRModule({"main": prim_func(workload, kernel, m)}))
+    block = sch.get_sblock(COMPUTE_BLOCK)
+    sch.pad_einsum(block, [kernel.tile_m, 1, kernel.tile_n, 1])
+    copy_out = _block(sch, f"{COMPUTE_BLOCK}_pad")
+    if copy_out is not None:
+        sch.compute_inline(copy_out)  # out reads the padded tile directly
+    i, jo, ji, k = sch.get_loops(block)
+    i_outer, i_inner = sch.split(i, [None, kernel.tile_m])
+    j_outer, j_inner = sch.split(jo, [None, kernel.task_n])
+    k_outer, k_inner = sch.split(k, [None, kernel.tile_k])
+    middle = [k_outer, j_inner] if kernel.k_outer else [j_inner, k_outer]
+    sch.reorder(i_outer, j_outer, *middle, k_inner, i_inner, ji)
+    task = sch.fuse(i_outer, j_outer)
+    sch.parallel(task)
+
+    fetch = _block(sch, "x_pad")                    # input tile, zero padded past M
+    if fetch is not None:
+        sch.compute_at(fetch, task)
+        sch.set_scope(fetch, 0, "local")
+    accumulator = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(accumulator, task)
+    sch.reverse_compute_at(sch.get_sblock("out"), task)
+    sch.compute_inline(accumulator)                 # write-back reads the local tile directly
+    sch.vectorize(ji)
+    sch.unroll(i_inner)
+    sch.decompose_reduction(block, middle[0])
+    return sch.mod
