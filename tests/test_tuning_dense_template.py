@@ -14,6 +14,9 @@ from tf_dietcode.tuning.workload import Workload
 WORKLOADS = [
     Workload("dense", (1, 64), 40, 48, bias=True, activation="gelu"),      # N not a multiple of any tile
     Workload("dense", (1, 128), 96, 64, bias=False, activation="none"),
+    Workload("dense", (1, 16), 8, 8, bias=True, activation="relu"),
+    Workload("dense", (1, 16), 33, 8, bias=True, activation="tanh"),
+    Workload("dense", (1, 16), 9, 16, bias=False, activation="sigmoid"),
     Workload("dense", (1, 32), 24, 17, bias=True, activation="gelu_tanh"),  # prime K
 ]
 

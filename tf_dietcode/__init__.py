@@ -2,10 +2,20 @@
 
 Fused matmul ops run DietCode-tuned micro-kernels for any sequence length in a
 tuned range, and a generic kernel for every other shape.
+
+TensorFlow is imported on first use of `ops` or `load_op_library`, so the
+tuner (`tf_dietcode.tuning`) and its measurement workers start without it.
 """
 
-from tf_dietcode import ops
-from tf_dietcode.op_library import load_op_library
+import importlib
 
 __version__ = "0.1.0"
 __all__ = ["load_op_library", "ops"]
+
+
+def __getattr__(name):
+    if name == "ops":
+        return importlib.import_module("tf_dietcode.ops")
+    if name == "load_op_library":
+        return importlib.import_module("tf_dietcode.op_library").load_op_library
+    raise AttributeError(f"module 'tf_dietcode' has no attribute {name!r}")

@@ -19,8 +19,15 @@ from tf_dietcode.tuning.workload import Workload
 class Measurement:
     kernel: MicroKernel
     m: int
-    seconds: float | None      # None when the run failed
+    seconds: float | None      # median seconds per call; None when it failed
     error: str | None = None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, record: dict) -> "Measurement":
+        return cls(MicroKernel(**record["kernel"]), record["m"], record["seconds"], record["error"])
 
 
 def compile_kernel(workload: Workload, kernel: MicroKernel, hw: Hardware, m: int | None = None):
@@ -35,6 +42,23 @@ def random_operands(workload: Workload, m: int, rng: np.random.Generator) -> dic
     if workload.bias:
         operands["bias"] = rng.uniform(-1, 1, (workload.n.hi,)).astype(np.float32)
     return operands
+
+
+def reference_output(operands: dict[str, np.ndarray], workload: Workload) -> np.ndarray:
+    """The workload computed by numpy in float64 (activations as TF defines them)."""
+    from scipy.special import erf
+
+    out = operands["x"].astype(np.float64) @ operands["w"].astype(np.float64).T
+    if workload.bias:
+        out += operands["bias"]
+    return {
+        "none": lambda x: x,
+        "relu": lambda x: np.maximum(x, 0),
+        "tanh": np.tanh,
+        "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+        "gelu": lambda x: 0.5 * x * (1 + erf(x / np.sqrt(2))),
+        "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))),
+    }[workload.activation](out)
 
 
 def kernel_arguments(operands: dict[str, np.ndarray], workload: Workload, kernel: MicroKernel):

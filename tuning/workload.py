@@ -27,11 +27,13 @@ class DimRange:
         return self.lo == self.hi
 
     @classmethod
-    def of(cls, value: "int | tuple[int, int] | DimRange") -> "DimRange":
+    def of(cls, value: "int | tuple[int, int] | dict | DimRange") -> "DimRange":
         if isinstance(value, DimRange):
             return value
         if isinstance(value, int):
             return cls(value, value)
+        if isinstance(value, dict):
+            return cls(**value)
         return cls(*value)
 
 
@@ -62,6 +64,10 @@ class Workload:
     def key(self) -> str:
         """Stable JSON text identifying the workload (the tuning database key)."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_key(cls, key: str) -> "Workload":
+        return cls(**json.loads(key))
 
     def flops(self, m: int) -> float:
         return 2.0 * m * self.n.hi * self.k.hi

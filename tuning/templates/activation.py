@@ -9,7 +9,7 @@ def apply(name: str, x):
     if name == "none":
         return x
     if name == "relu":
-        return te.max(x, tirx.const(0.0, x.dtype))
+        return te.max(x, tirx.const(0.0, "float32"))
     if name == "tanh":
         return te.tanh(x)
     if name == "sigmoid":

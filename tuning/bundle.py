@@ -1,0 +1,114 @@
+"""Kernel bundles: one shared library with every tuned micro-kernel and a C
+dispatch function per workload, plus a manifest. Using one needs no Python.
+
+A bundle is only written after every (shape, kernel) pair its trees can yield
+was checked against numpy: the range ends, the sample shapes and random shapes
+(the compiled C dispatch is checked against the tree too).
+"""
+
+import ctypes
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+import tvm
+
+from tf_dietcode.tuning import measure
+from tf_dietcode.tuning.dispatch import Dispatch
+from tf_dietcode.tuning.hardware import Hardware
+from tf_dietcode.tuning.templates import dense
+
+FORMAT_VERSION = 1
+LIBRARY = "kernels.so"
+MANIFEST = "manifest.json"
+
+
+def kernel_symbol(workload_index: int, kernel_index: int) -> str:
+    return f"tf_dietcode_w{workload_index}_k{kernel_index}"
+
+
+def dispatch_symbol(workload_index: int) -> str:
+    return f"tf_dietcode_dispatch_w{workload_index}"
+
+
+def _compile_dispatch(dispatches: list[Dispatch], directory: pathlib.Path) -> pathlib.Path:
+    source = directory / "dispatch.c"
+    source.write_text("#include <stdint.h>\n\n" + "\n".join(
+        d.c_source(dispatch_symbol(i)) for i, d in enumerate(dispatches)))
+    obj = directory / "dispatch.o"
+    subprocess.run([os.environ.get("CC", "gcc"), "-c", "-O2", "-fPIC", str(source), "-o", str(obj)], check=True)
+    return obj
+
+
+def _check(library: pathlib.Path, dispatches: list[Dispatch], sample_ms: list[list[int]], seed: int) -> None:
+    """Runs each kernel the trees can pick against numpy; raises on any mismatch."""
+    module = tvm.runtime.load_module(str(library))
+    c_library = ctypes.CDLL(str(library))
+    rng = np.random.default_rng(seed)
+    for w, (dispatch, samples) in enumerate(zip(dispatches, sample_ms)):
+        workload = dispatch.workload
+        c_dispatch = getattr(c_library, dispatch_symbol(w))
+        c_dispatch.restype, c_dispatch.argtypes = ctypes.c_int64, [ctypes.c_int64]
+        lo, hi = workload.m.lo, workload.m.hi
+        ms = sorted({lo, hi, lo - 1, hi + 1, *samples, *rng.integers(lo, hi + 1, 8).tolist()})
+        for m in ms:
+            index = dispatch.kernel_index(m)
+            if c_dispatch(m) != index:
+                raise RuntimeError(f"compiled dispatch of workload {w} disagrees with its tree at M={m}")
+            if index < 0:
+                continue
+            kernel = dispatch.kernels[index]
+            operands = measure.random_operands(workload, m, rng)
+            arguments = measure.kernel_arguments(operands, workload, kernel)
+            module[kernel_symbol(w, index)](*arguments)
+            expected = measure.reference_output(operands, workload)
+            if not np.allclose(arguments[-1].numpy(), expected, rtol=1e-3, atol=1e-3):
+                raise RuntimeError(f"kernel {kernel.name} of workload {w} is wrong at M={m}")
+
+
+def build_bundle(dispatches: list[Dispatch], hw: Hardware, directory: str | pathlib.Path,
+                 sample_ms: list[list[int]], seed: int = 0) -> dict:
+    """Compiles, checks and writes the bundle into `directory` (atomically); returns the manifest."""
+    directory = pathlib.Path(directory)
+    functions = {}
+    for w, dispatch in enumerate(dispatches):
+        for k, kernel in enumerate(dispatch.kernels):
+            name = kernel_symbol(w, k)
+            functions[name] = dense.schedule(dispatch.workload, kernel)["main"].with_attr("global_symbol", name)
+    executable = tvm.compile(tvm.IRModule(functions), target=hw.target())
+
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=".bundle-", dir=directory.parent))
+    try:
+        executable.export_library(str(staging / LIBRARY), addons=[str(_compile_dispatch(dispatches, staging))])
+        for leftover in ("dispatch.c", "dispatch.o"):
+            (staging / leftover).unlink()
+        _check(staging / LIBRARY, dispatches, sample_ms, seed)
+        manifest = {
+            "format": FORMAT_VERSION,
+            "library": LIBRARY,
+            "sha256": hashlib.sha256((staging / LIBRARY).read_bytes()).hexdigest(),
+            "target": {"kind": "llvm", "mcpu": hw.mcpu, "cores": hw.cores},
+            "cpu_features": list(hw.features),
+            "tvm": tvm.__version__,
+            "workloads": [{
+                "key": d.workload.key(),
+                "dispatch": dispatch_symbol(w),
+                "weight_layout": {"tile_n": d.layout[0], "task_n": d.layout[1],
+                                  "blocks": dense.weight_blocks(d.workload, d.kernels[0])},
+                "kernels": [{"symbol": kernel_symbol(w, k), "name": kernel.name,
+                             "params": kernel.__dict__} for k, kernel in enumerate(d.kernels)],
+            } for w, d in enumerate(dispatches)],
+        }
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if directory.exists():
+            shutil.rmtree(directory)
+        staging.rename(directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest

@@ -1,0 +1,124 @@
+"""DietCode's cost model: throughput(P, M) = f_MK(features(M)) * f_occ(P/M) * f_pad(P, M).
+
+f_MK is the micro-kernel's own throughput when every core is busy and no work
+is padding, learned by XGBoost from micro-kernel features alone, so one model
+serves every shape of the workload (joint learning). f_occ models cores left
+idle in the last wave of tasks, with its coefficient k fitted to this
+machine's measurements; f_pad is the useful fraction of the padded work. The
+model is an estimator (fit / predict) over measurement records.
+"""
+
+import math
+
+import numpy as np
+
+from tf_dietcode.tuning.hardware import Hardware
+from tf_dietcode.tuning.measure import Measurement
+from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.templates import dense
+from tf_dietcode.tuning.workload import Workload
+
+OCCUPANCY_GRID = np.linspace(0.0, 1.0, 21)
+
+
+def task_count(workload: Workload, kernel: MicroKernel, m: int) -> int:
+    """Parallel tasks of one call: row tiles times column tasks."""
+    return math.ceil(m / kernel.tile_m) * (dense.weight_blocks(workload, kernel) // kernel.task_n)
+
+
+def f_occ(tasks: int, cores: int, k: float) -> float:
+    """k * tasks / ceil_by(tasks, cores) + (1 - k): 1 when the last wave fills every core."""
+    if tasks == 0:
+        return 1.0
+    return k * tasks / (math.ceil(tasks / cores) * cores) + (1.0 - k)
+
+
+def f_pad(workload: Workload, kernel: MicroKernel, m: int) -> float:
+    """Useful fraction of the computed (padded) output tile area."""
+    computed = math.ceil(m / kernel.tile_m) * kernel.tile_m * dense.weight_blocks(workload, kernel) * kernel.tile_n
+    return m * workload.n.hi / computed if computed else 1.0
+
+
+def features(kernel: MicroKernel, hw: Hardware) -> list[float]:
+    """What decides a micro-kernel's speed: tile shape, register use, cache footprints, order."""
+    vectors = kernel.tile_n / hw.vector_lanes
+    return [kernel.tile_m, kernel.tile_n, kernel.tile_k, kernel.task_n, float(kernel.k_outer),
+            vectors, kernel.tile_m * vectors + vectors + 1,               # registers in use
+            kernel.tile_m * vectors / hw.vector_registers,                 # accumulator share
+            kernel.tile_k * kernel.tile_n * 4 / hw.l1d_bytes,              # weight panel vs L1
+            kernel.tile_k * kernel.tile_n * kernel.task_n * 4 / hw.l2_bytes,  # task's panel vs L2
+            float(kernel.tile_n % (2 * hw.vector_lanes) == 0)]
+
+
+class CostModel:
+    """Predicts GFLOP/s of any micro-kernel at any M of one workload."""
+
+    def __init__(self, workload: Workload, hw: Hardware, seed: int = 0):
+        self.workload, self.hw, self.seed = workload, hw, seed
+        self.k = 1.0
+        self._booster = None
+
+    def shape_factor(self, kernel: MicroKernel, m: int) -> float:
+        """f_occ * f_pad of kernel at M = m."""
+        return f_occ(task_count(self.workload, kernel, m), self.hw.cores, self.k) * f_pad(self.workload, kernel, m)
+
+    def fit(self, measurements: list[Measurement]) -> "CostModel":
+        import xgboost
+
+        usable = [r for r in measurements if r.seconds and r.m > 0]
+        if not usable:
+            return self
+        self.k = fit_occupancy(usable, self.workload, self.hw.cores)
+        by_kernel = kernel_throughputs(usable, self)
+        kernels = sorted(by_kernel)
+        self._booster = xgboost.XGBRegressor(n_estimators=120, max_depth=4, learning_rate=0.15,
+                                             random_state=self.seed, n_jobs=1)
+        self._booster.fit(np.array([features(k, self.hw) for k in kernels]),
+                          np.log([by_kernel[k] for k in kernels]))
+        return self
+
+    @property
+    def fitted(self) -> bool:
+        return self._booster is not None
+
+    def predict_mk(self, kernels: list[MicroKernel]) -> np.ndarray:
+        """f_MK: GFLOP/s of each kernel at full occupancy with no padding."""
+        return np.exp(self._booster.predict(np.array([features(k, self.hw) for k in kernels])))
+
+    def predict(self, kernels: list[MicroKernel], ms: list[int]) -> np.ndarray:
+        """GFLOP/s of each kernel (rows) at each M (columns)."""
+        mk = self.predict_mk(kernels)
+        return np.array([[mk[i] * self.shape_factor(kernel, m) for m in ms] for i, kernel in enumerate(kernels)])
+
+
+def observed_gflops(workload: Workload, record: Measurement) -> float:
+    return workload.flops(record.m) / record.seconds / 1e9
+
+
+def kernel_throughputs(measurements: list[Measurement], model: CostModel) -> dict[MicroKernel, float]:
+    """Each measured kernel's f_MK: its observed GFLOP/s with shape effects divided out
+    (geometric mean over its shapes)."""
+    logs: dict[MicroKernel, list[float]] = {}
+    for record in measurements:
+        if record.seconds and record.m > 0:
+            normalized = observed_gflops(model.workload, record) / model.shape_factor(record.kernel, record.m)
+            logs.setdefault(record.kernel, []).append(math.log(normalized))
+    return {kernel: math.exp(sum(v) / len(v)) for kernel, v in logs.items()}
+
+
+def fit_occupancy(measurements: list[Measurement], workload: Workload, cores: int) -> float:
+    """The k that makes each kernel's normalized throughput most constant across shapes."""
+    best_k, best_spread = 1.0, math.inf
+    for k in OCCUPANCY_GRID:
+        spread = 0.0
+        per_kernel: dict[MicroKernel, list[float]] = {}
+        for record in measurements:
+            factor = f_occ(task_count(workload, record.kernel, record.m), cores, k) * \
+                f_pad(workload, record.kernel, record.m)
+            per_kernel.setdefault(record.kernel, []).append(
+                math.log(observed_gflops(workload, record) / factor))
+        for values in per_kernel.values():
+            spread += float(np.var(values)) * len(values)
+        if spread < best_spread - 1e-12:
+            best_k, best_spread = float(k), spread
+    return best_k

@@ -1,0 +1,37 @@
+"""Tuning database: measurements as JSON lines keyed by workload and target.
+
+Append-only, so an interrupted run loses at most its last line, and a later run
+on the same workload and CPU resumes from what was measured.
+"""
+
+import json
+import pathlib
+
+from tf_dietcode.tuning.measure import Measurement
+from tf_dietcode.tuning.workload import Workload
+
+
+class Database:
+    def __init__(self, path: str | pathlib.Path | None = None):
+        """path=None keeps records in memory only."""
+        self.path = pathlib.Path(path) if path else None
+        self._records: list[dict] = []
+        if self.path and self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    self._records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # a line cut short by an interrupted run
+
+    def add(self, workload: Workload, target: str, measurements: list[Measurement]) -> None:
+        records = [{"workload": workload.key(), "target": target, **m.to_json()} for m in measurements]
+        self._records.extend(records)
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+
+    def measurements(self, workload: Workload, target: str) -> list[Measurement]:
+        key = workload.key()
+        return [Measurement.from_json(r) for r in self._records
+                if r["workload"] == key and r["target"] == target]

@@ -1,0 +1,74 @@
+"""Runners measure micro-kernels on real hardware; the search only sees records.
+
+LocalRunner measures in a child process (tuning/runner_worker.py) so that a
+candidate that hangs or crashes costs one timeout and is recorded as failed,
+never the tuning run. The child gets the machine's cores through TVM's thread
+pool, unpinned.
+"""
+
+import dataclasses
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+
+from tf_dietcode.tuning.hardware import Hardware
+from tf_dietcode.tuning.measure import Measurement
+from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.workload import Workload
+
+
+@dataclasses.dataclass
+class LocalRunner:
+    hw: Hardware
+    repeats: int = 5
+    min_repeat_ms: int = 20
+    timeout_s: float = 60.0    # per micro-kernel: compile plus every shape
+
+    def run(self, workload: Workload, kernels: list[MicroKernel], ms: list[int],
+            seed: int = 0) -> list[Measurement]:
+        """Measures every kernel at every M; failures and timeouts come back as records."""
+        results: list[Measurement] = []
+        remaining = list(kernels)
+        while remaining:
+            done = self._run_worker(workload, remaining, ms, seed, results)
+            remaining = remaining[done:]
+            if remaining:  # the kernel being measured hung or killed the worker
+                results.extend(Measurement(remaining[0], m, None, "timeout or crash") for m in ms
+                               if not any(r.kernel == remaining[0] and r.m == m for r in results))
+                remaining = remaining[1:]
+        return results
+
+    def _run_worker(self, workload, kernels, ms, seed, results) -> int:
+        """Runs one worker over `kernels`; returns how many it finished."""
+        job = {"workload": workload.key(), "kernels": [dataclasses.asdict(k) for k in kernels],
+               "ms": list(ms), "seed": seed, "repeats": self.repeats, "min_repeat_ms": self.min_repeat_ms}
+        env = {**os.environ, "TVM_NUM_THREADS": str(self.hw.cores), "TVM_BIND_THREADS": "0"}
+        worker = subprocess.Popen([sys.executable, "-m", "tf_dietcode.tuning.runner_worker"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  env=env, text=True)
+        worker.stdin.write(json.dumps(job))
+        worker.stdin.close()
+        selector = selectors.DefaultSelector()
+        selector.register(worker.stdout, selectors.EVENT_READ)
+        finished, deadline = 0, time.monotonic() + self.timeout_s
+        try:
+            while finished < len(kernels):
+                if not selector.select(timeout=max(deadline - time.monotonic(), 0)):
+                    break  # timed out
+                line = worker.stdout.readline()
+                if not line:
+                    break  # the worker died
+                record = json.loads(line)
+                if "done" in record:
+                    finished += 1
+                    deadline = time.monotonic() + self.timeout_s
+                else:
+                    results.append(Measurement.from_json(record))
+        finally:
+            worker.kill()
+            worker.wait()
+            selector.close()
+        return finished

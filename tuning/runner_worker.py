@@ -1,0 +1,43 @@
+"""Child process of LocalRunner: compiles and measures the kernels of one job.
+
+Reads a JSON job on stdin; writes one JSON line per (kernel, M) measurement
+and a {"done": ...} line after each kernel, flushing as it goes so the parent
+keeps what finished before a hang.
+"""
+
+import json
+import sys
+
+import numpy as np
+
+from tf_dietcode.tuning import hardware, measure
+from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.workload import Workload
+
+
+def _emit(record: dict) -> None:
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    job = json.load(sys.stdin)
+    workload = Workload.from_key(job["workload"])
+    hw = hardware.detect()
+    rng = np.random.default_rng(job["seed"])
+    for fields in job["kernels"]:
+        kernel = MicroKernel(**fields)
+        try:
+            executable = measure.compile_kernel(workload, kernel, hw)
+            records = measure.measure(executable, workload, kernel, job["ms"], rng,
+                                      job["repeats"], job["min_repeat_ms"])
+        except Exception as error:  # noqa: BLE001 - a kernel that fails to build is a record
+            records = [measure.Measurement(kernel, m, None, f"{type(error).__name__}: {error}")
+                       for m in job["ms"]]
+        for record in records:
+            _emit(record.to_json())
+        _emit({"done": fields})
+
+
+if __name__ == "__main__":
+    main()
