@@ -47,7 +47,7 @@ class Dispatch:
             if t.children_left[i] == t.children_right[i]:  # a leaf
                 label = int(self.tree.classes_[int(np.argmax(t.value[i]))])
                 return f"{pad}return {label};\n"
-            return (f"{pad}if ((double)m <= {t.threshold[i]!r}) {{\n{node(t.children_left[i], depth + 1)}"
+            return (f"{pad}if ((double)m <= {float(t.threshold[i])!r}) {{\n{node(t.children_left[i], depth + 1)}"
                     f"{pad}}} else {{\n{node(t.children_right[i], depth + 1)}{pad}}}\n")
 
         lo, hi = self.workload.m.lo, self.workload.m.hi
