@@ -79,9 +79,11 @@ def measure(executable, workload: Workload, kernel: MicroKernel, ms: list[int],
             rng: np.random.Generator, repeats: int = 5, min_repeat_ms: int = 20) -> list[Measurement]:
     """Median time of `executable` at each M (warm-up excluded)."""
     results = []
-    timer = executable.mod.time_evaluator("main", tvm.cpu(), number=1, repeat=repeats,
-                                          min_repeat_ms=min_repeat_ms)
     for m in ms:
+        # A fresh timer per shape: one timer keeps the call count it settled on
+        # for the first (smallest) shape, which makes large shapes take ages.
+        timer = executable.mod.time_evaluator("main", tvm.cpu(), number=1, repeat=repeats,
+                                              min_repeat_ms=min_repeat_ms)
         try:
             arguments = kernel_arguments(random_operands(workload, m, rng), workload, kernel)
             run(executable, arguments)
