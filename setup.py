@@ -105,6 +105,7 @@ setup(
     },
     ext_modules=[Extension(OP_LIBRARY, sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "ops").glob("*.cc")))],
     cmdclass={"build_ext": BuildOpLibrary},
+    entry_points={"console_scripts": ["tf-dietcode=tf_dietcode.cli:main"]},
     install_requires=(ROOT / "requirements.txt").read_text().split(),
     zip_safe=False,
 )

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 def speedup_by_t(rows, path: pathlib.Path, title: str) -> None:
     """One panel per workload: each peer's speed-up over TF against T."""
     workloads = sorted({r["workload"] for r in rows})
-    columns = 3
+    columns = min(3, len(workloads))
     figure, axes = plt.subplots(-(-len(workloads) // columns), columns, squeeze=False,
                                 figsize=(5 * columns, 3.2 * -(-len(workloads) // columns)))
     for axis, workload in zip(axes.flat, workloads):
