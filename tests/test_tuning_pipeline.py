@@ -2,6 +2,7 @@
 (tree and its C form), database, runner failures, and a checked bundle."""
 
 import ctypes
+import hashlib
 import json
 import math
 import subprocess
@@ -14,7 +15,8 @@ from tf_dietcode.tuning import bundle, cost_model, dispatch, hardware, search
 from tf_dietcode.tuning.database import Database
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.measure import Measurement
-from tf_dietcode.tuning.micro_kernel import MicroKernel, dense_space
+from tf_dietcode.tuning import micro_kernel
+from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.runner import LocalRunner
 from tf_dietcode.tuning.tune import tune
 from tf_dietcode.tuning.workload import Workload
@@ -23,12 +25,11 @@ HW = Hardware("test", ("avx", "avx2", "fma"), 8, 16, 32 << 10, 512 << 10, 4)
 WORKLOAD = Workload("dense", (1, 100), 64, 32)
 
 
-def synthetic_seconds(kernel, m, k_true=0.6, workload=WORKLOAD, hw=HW):
+def synthetic_seconds(kernel, shape, k_true=0.6, workload=WORKLOAD, hw=HW):
     """A machine whose kernels follow the cost formula exactly."""
     mk = 10.0 + kernel.tile_m * kernel.tile_n / 8 + (5.0 if kernel.k_outer else 0.0)
-    gflops = mk * cost_model.f_occ(cost_model.task_count(workload, kernel, m), hw.cores, k_true) * \
-        cost_model.f_pad(workload, kernel, m)
-    return workload.flops(m) / (gflops * 1e9)
+    gflops = mk * cost_model.shape_factor(workload, kernel, shape, hw.cores, k_true)
+    return workload.flops(workload.dims_at(shape)) / (gflops * 1e9)
 
 
 class FormulaRunner:
@@ -39,30 +40,38 @@ class FormulaRunner:
 
     def run(self, workload, kernels, ms, seed=0):
         self.measured.extend(kernels)
-        return [Measurement(k, m, synthetic_seconds(k, m, workload=workload)) for k in kernels for m in ms]
+        return [Measurement(k, s, synthetic_seconds(k, s, workload=workload)) for k in kernels for s in ms]
 
 
 def test_occupancy_and_padding_factors():
     kernel = MicroKernel(tile_m=4, tile_n=16, tile_k=32, task_n=2, k_outer=True)
-    assert cost_model.task_count(WORKLOAD, kernel, 9) == 3 * 2   # 3 row tiles x 64/(16*2) column tasks
+    dims = WORKLOAD.dims_at((9,))
+    assert cost_model.task_count(WORKLOAD, kernel, dims) == 3 * 2   # 3 row tiles x 64/(16*2) column tasks
     assert cost_model.f_occ(6, 4, 1.0) == pytest.approx(6 / 8)
     assert cost_model.f_occ(6, 4, 0.0) == 1.0
     assert cost_model.f_occ(8, 4, 0.7) == pytest.approx(1.0)
-    assert cost_model.f_pad(WORKLOAD, kernel, 9) == pytest.approx(9 * 64 / (12 * 64))
+    assert cost_model.f_pad(WORKLOAD, kernel, dims) == pytest.approx(9 * 64 / (12 * 64))
+    attention = Workload("batch_matmul", (1, 128), (1, 128), 64, b=192, ties=("m", "n"))
+    dims = attention.dims_at((17,))
+    assert (dims["m"], dims["n"], dims["b"], dims["k"]) == (17, 17, 192, 64)
+    assert cost_model.task_count(attention, kernel, dims) == 192 * 1  # 17 columns fit one 32-wide task
+    assert cost_model.f_pad(attention, kernel, dims) == pytest.approx(17 * 17 / (20 * 32))
 
 
 def test_occupancy_coefficient_is_learned_from_measurements():
-    kernels = dense_space(HW, WORKLOAD)[:12]
-    records = [Measurement(k, m, synthetic_seconds(k, m, k_true=0.6)) for k in kernels for m in (1, 3, 7, 20, 61, 100)]
+    kernels = micro_kernel.space(HW, WORKLOAD)[:12]
+    records = [Measurement(k, (m,), synthetic_seconds(k, (m,), k_true=0.6)) for k in kernels
+               for m in (1, 3, 7, 20, 61, 100)]
     assert cost_model.fit_occupancy(records, WORKLOAD, HW.cores) == pytest.approx(0.6)
 
 
 def test_model_predicts_held_out_shapes_of_measured_kernels():
-    kernels = dense_space(HW, WORKLOAD)[::7]
-    records = [Measurement(k, m, synthetic_seconds(k, m)) for k in kernels for m in (1, 10, 100)]
+    kernels = micro_kernel.space(HW, WORKLOAD)[::7]
+    records = [Measurement(k, (m,), synthetic_seconds(k, (m,))) for k in kernels for m in (1, 10, 100)]
     model = cost_model.CostModel(WORKLOAD, HW).fit(records)
-    predicted = model.predict(kernels, [37])[:, 0]
-    actual = np.array([WORKLOAD.flops(37) / synthetic_seconds(k, 37) / 1e9 for k in kernels])
+    predicted = model.predict(kernels, [(37,)])[:, 0]
+    actual = np.array([WORKLOAD.flops(WORKLOAD.dims_at((37,))) / synthetic_seconds(k, (37,)) / 1e9
+                       for k in kernels])
     assert np.abs(np.log(predicted / actual)).max() < 0.15
 
 
@@ -70,12 +79,12 @@ def test_search_finds_the_best_kernel_of_a_formula_machine_within_budget():
     runner = FormulaRunner()
     options = search.SearchOptions(trials=40, batch=8, population=64, samples=4, seed=3)
     result = search.search(WORKLOAD, HW, runner, options, progress=False)
-    space = dense_space(HW, WORKLOAD)
+    space = micro_kernel.space(HW, WORKLOAD)
     assert len(set(runner.measured)) == 40 < len(space)
-    ms = result.sample_ms
+    shapes = result.sample_shapes
 
     def score(k):
-        return sum(math.log(WORKLOAD.flops(m) / synthetic_seconds(k, m)) for m in ms)
+        return sum(math.log(WORKLOAD.flops(WORKLOAD.dims_at(s)) / synthetic_seconds(k, s)) for s in shapes)
 
     best_found = max(score(k) for k in runner.measured)
     ranked = sorted((score(k) for k in space), reverse=True)
@@ -102,28 +111,31 @@ def test_dispatch_tree_and_its_c_form_agree_for_every_m(tmp_path):
     library = tmp_path / "dispatch.so"
     subprocess.run(["gcc", "-shared", "-fPIC", "-O2", str(source), "-o", str(library)], check=True)
     pick = ctypes.CDLL(str(library)).pick
-    pick.restype, pick.argtypes = ctypes.c_int64, [ctypes.c_int64]
+    pick.restype, pick.argtypes = ctypes.c_int64, [ctypes.c_int64] * 4
     for m in range(-1, WORKLOAD.m.hi + 3):
-        assert pick(m) == chosen.kernel_index(m)
-        assert (chosen.kernel_index(m) == -1) == (not 1 <= m <= 100)
+        dims = WORKLOAD.dims_at((m,))
+        assert pick(1, m, 64, 32) == chosen.kernel_index(dims)
+        assert (chosen.kernel_index(dims) == -1) == (not 1 <= m <= 100)
+    assert pick(1, 50, 65, 32) == -1  # a static dim that differs is outside the workload
 
 
 def test_dispatch_prefers_small_row_tiles_for_small_m():
     kernels = [MicroKernel(1, 16, 32, 1, True), MicroKernel(8, 16, 32, 1, True)]
-    records = [Measurement(k, m, synthetic_seconds(k, m, k_true=1.0)) for k in kernels for m in (1, 2, 50, 100)]
+    shapes = [(1,), (2,), (50,), (100,)]
+    records = [Measurement(k, s, synthetic_seconds(k, s, k_true=1.0)) for k in kernels for s in shapes]
     model = cost_model.CostModel(WORKLOAD, HW)
     model.k = 1.0
-    result = search.SearchResult(WORKLOAD, [1, 2, 50, 100], records, model)
+    result = search.SearchResult(WORKLOAD, shapes, records, model)
     chosen = dispatch.build_dispatch(result)
-    assert chosen.kernels[chosen.kernel_index(1)].tile_m == 1
-    assert chosen.kernels[chosen.kernel_index(96)].tile_m == 8
+    assert chosen.kernels[chosen.kernel_index(WORKLOAD.dims_at((1,)))].tile_m == 1
+    assert chosen.kernels[chosen.kernel_index(WORKLOAD.dims_at((96,)))].tile_m == 8
 
 
 def test_database_survives_a_truncated_line(tmp_path):
     path = tmp_path / "db.jsonl"
     db = Database(path)
     kernel = MicroKernel(2, 8, 32, 1, False)
-    db.add(WORKLOAD, "cpu", [Measurement(kernel, 5, 1e-3), Measurement(kernel, 6, None, "boom")])
+    db.add(WORKLOAD, "cpu", [Measurement(kernel, (5,), 1e-3), Measurement(kernel, (6,), None, "boom")])
     with open(path, "a") as f:
         f.write('{"workload": "cut sh')
     reloaded = Database(path)
@@ -134,23 +146,25 @@ def test_database_survives_a_truncated_line(tmp_path):
 def test_runner_records_timeouts_instead_of_failing():
     hw = hardware.detect()
     kernels = [MicroKernel(2, 8, 32, 1, True), MicroKernel(4, 8, 32, 1, False)]
-    results = LocalRunner(hw, timeout_s=0.01).run(WORKLOAD, kernels, [1, 50])
+    results = LocalRunner(hw, timeout_s=0.01).run(WORKLOAD, kernels, [(1,), (50,)])
     assert len(results) == 4 and all(r.seconds is None and r.error for r in results)
 
 
 def test_quick_tune_writes_a_checked_bundle(tmp_path):
-    workload = Workload("dense", (1, 40), 24, 16, bias=True, activation="gelu")
-    report = tune([workload], tmp_path / "bundle", options=search.SearchOptions(trials=4, batch=4, samples=3),
+    workloads = [Workload("dense", (1, 40), 24, 16, bias=True, activation="gelu"),
+                 Workload("batch_matmul", (1, 20), (1, 20), 8, b=2)]  # two independent shape variables
+    report = tune(workloads, tmp_path / "bundle", options=search.SearchOptions(trials=4, batch=4, samples=3),
                   progress=False)
     manifest = json.loads((tmp_path / "bundle" / bundle.MANIFEST).read_text())
     assert manifest == report.manifest
     library = tmp_path / "bundle" / bundle.LIBRARY
-    import hashlib
     assert manifest["sha256"] == hashlib.sha256(library.read_bytes()).hexdigest()
     assert manifest["cpu_features"] == list(hardware.detect().features)
-    entry = manifest["workloads"][0]
-    assert Workload.from_key(entry["key"]) == workload
+    assert [Workload.from_key(entry["key"]) for entry in manifest["workloads"]] == workloads
+    assert "weight_layout" in manifest["workloads"][0] and "weight_layout" not in manifest["workloads"][1]
     module = tvm.runtime.load_module(str(library))
-    for kernel in entry["kernels"]:
-        assert module[kernel["symbol"]] is not None
+    for entry in manifest["workloads"]:
+        assert entry["dispatch_arguments"] == ["b", "m", "n", "k"]
+        for kernel in entry["kernels"]:
+            assert module[kernel["symbol"]] is not None
     assert not any(p.name.startswith(".bundle-") for p in tmp_path.iterdir())  # no staging left

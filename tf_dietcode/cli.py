@@ -43,20 +43,47 @@ def _tune(args) -> int:
     report = tune(workloads, args.out, options=options, database=Database(args.db) if args.db else None)
     print(f"tuned {len(workloads)} workload(s) in {time.perf_counter() - started:.0f} s; bundle: {args.out}")
     for dispatch in report.dispatches:
-        w = dispatch.workload
-        print(f"\ndense M in [{w.m.lo}, {w.m.hi}] x N={w.n.hi} x K={w.k.hi}, bias={w.bias}, "
-              f"activation={w.activation}; weight layout tile_n={dispatch.layout[0]} task_n={dispatch.layout[1]}")
-        start = None
-        for m in range(w.m.lo, w.m.hi + 2):
-            index = dispatch.kernel_index(m) if m <= w.m.hi else None
-            if start is None:
-                start, current = m, index
-            elif index != current:
-                gflops = dispatch.predicted_gflops.get(start, float("nan"))
-                print(f"  M {start:>5}..{m - 1:<5} -> {dispatch.kernels[current].name:24s} "
-                      f"(predicted {gflops:.0f} GFLOP/s at M={start})")
-                start, current = m, index
+        _print_dispatch(dispatch)
     return 0
+
+
+def _describe(workload) -> str:
+    from tf_dietcode.tuning.workload import DIMS
+
+    sizes = ", ".join(f"{d.upper()}={r.lo}" if r.static else f"{d.upper()}={r.lo}..{r.hi}"
+                      for d in DIMS for r in [getattr(workload, d)])
+    extras = f", ties {'='.join(workload.ties)}" if workload.ties else ""
+    if workload.kind == "dense":
+        extras += f", bias={workload.bias}, activation={workload.activation}"
+    else:
+        extras += ", NT" if workload.transpose_b else ", NN"
+    return f"{workload.kind} {sizes}{extras}"
+
+
+def _print_dispatch(dispatch) -> None:
+    """Which micro-kernel serves which sizes of the (first) shape variable."""
+    workload = dispatch.workload
+    print(f"\n{_describe(workload)}")
+    variables = workload.variables()
+    if len(variables) != 1:
+        shapes = workload.all_shapes()
+        for index, kernel in enumerate(dispatch.kernels):
+            share = sum(dispatch.kernel_index(workload.dims_at(s)) == index for s in shapes) / len(shapes)
+            print(f"  {kernel.name:24s} serves {share:6.1%} of the shapes")
+        return
+    (names, size), = variables
+    label = "=".join(n.upper() for n in names)
+    runs: list[list[int]] = []
+    for value in range(size.lo, size.hi + 1):
+        index = dispatch.kernel_index(workload.dims_at((value,)))
+        if runs and runs[-1][2] == index:
+            runs[-1][1] = value
+        else:
+            runs.append([value, value, index])
+    for first, last, index in runs:
+        gflops = dispatch.predicted_gflops.get((first,), float("nan"))
+        print(f"  {label} {first:>5}..{last:<5} -> {dispatch.kernels[index].name:24s} "
+              f"(predicted {gflops:.0f} GFLOP/s at {label}={first})")
 
 
 def main(argv: list[str] | None = None) -> int:

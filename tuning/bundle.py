@@ -18,10 +18,11 @@ import tempfile
 import numpy as np
 import tvm
 
-from tf_dietcode.tuning import measure
+from tf_dietcode.tuning import templates
 from tf_dietcode.tuning.dispatch import Dispatch
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.templates import dense
+from tf_dietcode.tuning.workload import DIMS
 
 FORMAT_VERSION = 1
 LIBRARY = "kernels.so"
@@ -45,41 +46,61 @@ def _compile_dispatch(dispatches: list[Dispatch], directory: pathlib.Path) -> pa
     return obj
 
 
-def _check(library: pathlib.Path, dispatches: list[Dispatch], sample_ms: list[list[int]], seed: int) -> None:
+def _check(library: pathlib.Path, dispatches: list[Dispatch], samples: list[list[tuple[int, ...]]],
+           seed: int) -> None:
     """Runs each kernel the trees can pick against numpy; raises on any mismatch."""
     module = tvm.runtime.load_module(str(library))
     c_library = ctypes.CDLL(str(library))
     rng = np.random.default_rng(seed)
-    for w, (dispatch, samples) in enumerate(zip(dispatches, sample_ms)):
+    for w, (dispatch, sample_shapes) in enumerate(zip(dispatches, samples)):
         workload = dispatch.workload
+        template = templates.for_workload(workload)
         c_dispatch = getattr(c_library, dispatch_symbol(w))
-        c_dispatch.restype, c_dispatch.argtypes = ctypes.c_int64, [ctypes.c_int64]
-        lo, hi = workload.m.lo, workload.m.hi
-        ms = sorted({lo, hi, lo - 1, hi + 1, *samples, *rng.integers(lo, hi + 1, 8).tolist()})
-        for m in ms:
-            index = dispatch.kernel_index(m)
-            if c_dispatch(m) != index:
-                raise RuntimeError(f"compiled dispatch of workload {w} disagrees with its tree at M={m}")
+        c_dispatch.restype, c_dispatch.argtypes = ctypes.c_int64, [ctypes.c_int64] * len(DIMS)
+        ranges = [size for _, size in workload.variables()]
+        edges = [tuple(r.lo for r in ranges), tuple(r.hi for r in ranges),
+                 tuple(r.lo - 1 for r in ranges), tuple(r.hi + 1 for r in ranges)]
+        randoms = [tuple(int(rng.integers(r.lo, r.hi + 1)) for r in ranges) for _ in range(8)]
+        for shape in dict.fromkeys([*edges, *sample_shapes, *randoms]):
+            dims = workload.dims_at(shape)
+            index = dispatch.kernel_index(dims)
+            if c_dispatch(*(dims[d] for d in DIMS)) != index:
+                raise RuntimeError(f"compiled dispatch of workload {w} disagrees with its tree at {dims}")
             if index < 0:
                 continue
             kernel = dispatch.kernels[index]
-            operands = measure.random_operands(workload, m, rng)
-            arguments = measure.kernel_arguments(operands, workload, kernel)
+            operands = template.random_operands(workload, dims, rng)
+            arguments = template.kernel_arguments(operands, workload, kernel)
             module[kernel_symbol(w, index)](*arguments)
-            expected = measure.reference_output(operands, workload)
-            if not np.allclose(arguments[-1].numpy(), expected, rtol=1e-3, atol=1e-3):
-                raise RuntimeError(f"kernel {kernel.name} of workload {w} is wrong at M={m}")
+            if not np.allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
+                               rtol=1e-3, atol=1e-3):
+                raise RuntimeError(f"kernel {kernel.name} of workload {w} is wrong at {dims}")
+
+
+def _workload_entry(index: int, dispatch: Dispatch) -> dict:
+    entry = {
+        "key": dispatch.workload.key(),
+        "dispatch": dispatch_symbol(index),
+        "dispatch_arguments": list(DIMS),
+        "kernels": [{"symbol": kernel_symbol(index, k), "name": kernel.name, "params": kernel.__dict__}
+                    for k, kernel in enumerate(dispatch.kernels)],
+    }
+    if dispatch.workload.kind == "dense":
+        entry["weight_layout"] = {"tile_n": dispatch.layout[0], "task_n": dispatch.layout[1],
+                                  "blocks": dense.weight_blocks(dispatch.workload, dispatch.kernels[0])}
+    return entry
 
 
 def build_bundle(dispatches: list[Dispatch], hw: Hardware, directory: str | pathlib.Path,
-                 sample_ms: list[list[int]], seed: int = 0) -> dict:
+                 samples: list[list[tuple[int, ...]]], seed: int = 0) -> dict:
     """Compiles, checks and writes the bundle into `directory` (atomically); returns the manifest."""
     directory = pathlib.Path(directory)
     functions = {}
     for w, dispatch in enumerate(dispatches):
         for k, kernel in enumerate(dispatch.kernels):
             name = kernel_symbol(w, k)
-            functions[name] = dense.schedule(dispatch.workload, kernel)["main"].with_attr("global_symbol", name)
+            mod = templates.for_workload(dispatch.workload).schedule(dispatch.workload, kernel)
+            functions[name] = mod["main"].with_attr("global_symbol", name)
     executable = tvm.compile(tvm.IRModule(functions), target=hw.target())
 
     staging = pathlib.Path(tempfile.mkdtemp(prefix=".bundle-", dir=directory.parent))
@@ -87,7 +108,7 @@ def build_bundle(dispatches: list[Dispatch], hw: Hardware, directory: str | path
         executable.export_library(str(staging / LIBRARY), addons=[str(_compile_dispatch(dispatches, staging))])
         for leftover in ("dispatch.c", "dispatch.o"):
             (staging / leftover).unlink()
-        _check(staging / LIBRARY, dispatches, sample_ms, seed)
+        _check(staging / LIBRARY, dispatches, samples, seed)
         manifest = {
             "format": FORMAT_VERSION,
             "library": LIBRARY,
@@ -95,14 +116,7 @@ def build_bundle(dispatches: list[Dispatch], hw: Hardware, directory: str | path
             "target": {"kind": "llvm", "mcpu": hw.mcpu, "cores": hw.cores},
             "cpu_features": list(hw.features),
             "tvm": tvm.__version__,
-            "workloads": [{
-                "key": d.workload.key(),
-                "dispatch": dispatch_symbol(w),
-                "weight_layout": {"tile_n": d.layout[0], "task_n": d.layout[1],
-                                  "blocks": dense.weight_blocks(d.workload, d.kernels[0])},
-                "kernels": [{"symbol": kernel_symbol(w, k), "name": kernel.name,
-                             "params": kernel.__dict__} for k, kernel in enumerate(d.kernels)],
-            } for w, d in enumerate(dispatches)],
+            "workloads": [_workload_entry(w, d) for w, d in enumerate(dispatches)],
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if directory.exists():

@@ -12,18 +12,18 @@ import math
 
 import numpy as np
 
+from tf_dietcode.tuning import templates
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.measure import Measurement
 from tf_dietcode.tuning.micro_kernel import MicroKernel
-from tf_dietcode.tuning.templates import dense
 from tf_dietcode.tuning.workload import Workload
 
 OCCUPANCY_GRID = np.linspace(0.0, 1.0, 21)
 
 
-def task_count(workload: Workload, kernel: MicroKernel, m: int) -> int:
-    """Parallel tasks of one call: row tiles times column tasks."""
-    return math.ceil(m / kernel.tile_m) * (dense.weight_blocks(workload, kernel) // kernel.task_n)
+def task_count(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
+    """Parallel tasks of one call."""
+    return templates.for_workload(workload).task_count(workload, kernel, dims)
 
 
 def f_occ(tasks: int, cores: int, k: float) -> float:
@@ -33,10 +33,10 @@ def f_occ(tasks: int, cores: int, k: float) -> float:
     return k * tasks / (math.ceil(tasks / cores) * cores) + (1.0 - k)
 
 
-def f_pad(workload: Workload, kernel: MicroKernel, m: int) -> float:
-    """Useful fraction of the computed (padded) output tile area."""
-    computed = math.ceil(m / kernel.tile_m) * kernel.tile_m * dense.weight_blocks(workload, kernel) * kernel.tile_n
-    return m * workload.n.hi / computed if computed else 1.0
+def f_pad(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> float:
+    """Useful fraction of the computed (padded) output."""
+    computed = templates.for_workload(workload).computed_elements(workload, kernel, dims)
+    return dims["b"] * dims["m"] * dims["n"] / computed if computed else 1.0
 
 
 def features(kernel: MicroKernel, hw: Hardware) -> list[float]:
@@ -58,14 +58,14 @@ class CostModel:
         self.k = 1.0
         self._booster = None
 
-    def shape_factor(self, kernel: MicroKernel, m: int) -> float:
-        """f_occ * f_pad of kernel at M = m."""
-        return f_occ(task_count(self.workload, kernel, m), self.hw.cores, self.k) * f_pad(self.workload, kernel, m)
+    def shape_factor(self, kernel: MicroKernel, shape: tuple[int, ...]) -> float:
+        """f_occ * f_pad of kernel at a shape (values of the workload's variables)."""
+        return shape_factor(self.workload, kernel, shape, self.hw.cores, self.k)
 
     def fit(self, measurements: list[Measurement]) -> "CostModel":
         import xgboost
 
-        usable = [r for r in measurements if r.seconds and r.m > 0]
+        usable = [r for r in measurements if r.seconds]
         if not usable:
             return self
         self.k = fit_occupancy(usable, self.workload, self.hw.cores)
@@ -85,14 +85,19 @@ class CostModel:
         """f_MK: GFLOP/s of each kernel at full occupancy with no padding."""
         return np.exp(self._booster.predict(np.array([features(k, self.hw) for k in kernels])))
 
-    def predict(self, kernels: list[MicroKernel], ms: list[int]) -> np.ndarray:
-        """GFLOP/s of each kernel (rows) at each M (columns)."""
+    def predict(self, kernels: list[MicroKernel], shapes: list[tuple[int, ...]]) -> np.ndarray:
+        """GFLOP/s of each kernel (rows) at each shape (columns)."""
         mk = self.predict_mk(kernels)
-        return np.array([[mk[i] * self.shape_factor(kernel, m) for m in ms] for i, kernel in enumerate(kernels)])
+        return np.array([[mk[i] * self.shape_factor(kernel, s) for s in shapes] for i, kernel in enumerate(kernels)])
+
+
+def shape_factor(workload: Workload, kernel: MicroKernel, shape: tuple[int, ...], cores: int, k: float) -> float:
+    dims = workload.dims_at(shape)
+    return f_occ(task_count(workload, kernel, dims), cores, k) * f_pad(workload, kernel, dims)
 
 
 def observed_gflops(workload: Workload, record: Measurement) -> float:
-    return workload.flops(record.m) / record.seconds / 1e9
+    return workload.flops(workload.dims_at(record.shape)) / record.seconds / 1e9
 
 
 def kernel_throughputs(measurements: list[Measurement], model: CostModel) -> dict[MicroKernel, float]:
@@ -100,8 +105,8 @@ def kernel_throughputs(measurements: list[Measurement], model: CostModel) -> dic
     (geometric mean over its shapes)."""
     logs: dict[MicroKernel, list[float]] = {}
     for record in measurements:
-        if record.seconds and record.m > 0:
-            normalized = observed_gflops(model.workload, record) / model.shape_factor(record.kernel, record.m)
+        if record.seconds:
+            normalized = observed_gflops(model.workload, record) / model.shape_factor(record.kernel, record.shape)
             logs.setdefault(record.kernel, []).append(math.log(normalized))
     return {kernel: math.exp(sum(v) / len(v)) for kernel, v in logs.items()}
 
@@ -113,8 +118,7 @@ def fit_occupancy(measurements: list[Measurement], workload: Workload, cores: in
         spread = 0.0
         per_kernel: dict[MicroKernel, list[float]] = {}
         for record in measurements:
-            factor = f_occ(task_count(workload, record.kernel, record.m), cores, k) * \
-                f_pad(workload, record.kernel, record.m)
+            factor = shape_factor(workload, record.kernel, record.shape, cores, k)
             per_kernel.setdefault(record.kernel, []).append(
                 math.log(observed_gflops(workload, record) / factor))
         for values in per_kernel.values():

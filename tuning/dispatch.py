@@ -1,11 +1,12 @@
-"""Shape dispatch: every M in the range votes for its best micro-kernel, a
+"""Shape dispatch: every shape in the range votes for its best micro-kernel, a
 decision tree learns the votes, and the tree is emitted as C.
 
 Votes use the cost formula over measured data: each measured kernel's f_MK
 (its measured throughput with shape effects divided out) times f_occ * f_pad
-at that M. All kernels a workload dispatches to share one pre-packed weight
-layout (tile_n, task_n), so the weight is packed once; the layout with the
-least predicted total time over the range wins.
+at that shape. The tree's features are the sizes of the workload's dynamic
+dims, so a caller dispatches on the dims it sees. All kernels of a dense
+workload share one pre-packed weight layout (tile_n, task_n), so the weight is
+packed once; the layout with the least predicted total time over the range wins.
 """
 
 import dataclasses
@@ -16,7 +17,7 @@ from sklearn.tree import DecisionTreeClassifier
 from tf_dietcode.tuning.cost_model import kernel_throughputs
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.search import SearchResult
-from tf_dietcode.tuning.workload import Workload
+from tf_dietcode.tuning.workload import DIMS, Workload
 
 MAX_LEAVES = 32
 
@@ -25,51 +26,59 @@ MAX_LEAVES = 32
 class Dispatch:
     workload: Workload
     kernels: list[MicroKernel]       # the kernels the tree can choose, by index
-    tree: DecisionTreeClassifier     # M -> index into kernels
-    predicted_gflops: dict[int, float]
+    tree: DecisionTreeClassifier     # dynamic dims' sizes -> index into kernels
+    predicted_gflops: dict[tuple[int, ...], float]   # by shape (variable values)
 
     @property
     def layout(self) -> tuple[int, int]:
         return self.kernels[0].tile_n, self.kernels[0].task_n
 
-    def kernel_index(self, m: int) -> int:
-        """The kernel for M = m; -1 outside the tuned range (generic kernel)."""
-        if not self.workload.m.lo <= m <= self.workload.m.hi:
+    def kernel_index(self, dims: dict[str, int]) -> int:
+        """The kernel for these dims; -1 outside the tuned ranges (generic kernel)."""
+        if not self.workload.contains(dims):
             return -1
-        return int(self.tree.predict(np.array([[m]]))[0])
+        if not self.workload.dynamic_dims:
+            return int(self.tree.predict(np.zeros((1, 1)))[0])
+        return int(self.tree.predict(np.array([[dims[d] for d in self.workload.dynamic_dims]]))[0])
 
     def c_source(self, function_name: str) -> str:
-        """int64_t function_name(int64_t m): the tree as nested ifs."""
+        """int64_t function_name(int64_t b, int64_t m, int64_t n, int64_t k): the tree as nested ifs."""
         t = self.tree.tree_
+        features = self.workload.dynamic_dims or ("b",)
 
         def node(i: int, depth: int) -> str:
             pad = "  " * depth
             if t.children_left[i] == t.children_right[i]:  # a leaf
-                label = int(self.tree.classes_[int(np.argmax(t.value[i]))])
-                return f"{pad}return {label};\n"
-            return (f"{pad}if ((double)m <= {float(t.threshold[i])!r}) {{\n{node(t.children_left[i], depth + 1)}"
+                return f"{pad}return {int(self.tree.classes_[int(np.argmax(t.value[i]))])};\n"
+            feature = features[t.feature[i]]
+            return (f"{pad}if ((double){feature} <= {float(t.threshold[i])!r}) {{\n"
+                    f"{node(t.children_left[i], depth + 1)}"
                     f"{pad}}} else {{\n{node(t.children_right[i], depth + 1)}{pad}}}\n")
 
-        lo, hi = self.workload.m.lo, self.workload.m.hi
-        return (f"int64_t {function_name}(int64_t m) {{\n"
-                f"  if (m < {lo} || m > {hi}) return -1;\n{node(0, 1)}}}\n")
+        bounds = " || ".join(f"{d} < {getattr(self.workload, d).lo} || {d} > {getattr(self.workload, d).hi}"
+                             for d in DIMS)
+        signature = ", ".join(f"int64_t {d}" for d in DIMS)
+        return (f"int64_t {function_name}({signature}) {{\n"
+                f"  if ({bounds}) return -1;\n{node(0, 1)}}}\n")
 
 
 def build_dispatch(result: SearchResult) -> Dispatch:
-    """Votes over every M of the range, the layout choice, and the fitted tree."""
+    """Votes over every shape of the range, the layout choice, and the fitted tree."""
     model, workload = result.model, result.workload
     throughputs = kernel_throughputs(result.measurements, model)
     if not throughputs:
         raise RuntimeError(f"no micro-kernel of {workload.key()} ran successfully")
-    ms = list(range(max(workload.m.lo, 1), workload.m.hi + 1))
+    shapes = [s for s in workload.all_shapes() if workload.flops(workload.dims_at(s)) > 0]
     layouts: dict[tuple[int, int], list[MicroKernel]] = {}
     for kernel in throughputs:
-        layouts.setdefault((kernel.tile_n, kernel.task_n), []).append(kernel)
+        key = (kernel.tile_n, kernel.task_n) if workload.kind == "dense" else ()
+        layouts.setdefault(key, []).append(kernel)
 
     def votes(kernels):
-        gflops = np.array([[throughputs[k] * model.shape_factor(k, m) for m in ms] for k in kernels])
+        gflops = np.array([[throughputs[k] * model.shape_factor(k, s) for s in shapes] for k in kernels])
         best = gflops.argmax(axis=0)
-        seconds = sum(workload.flops(m) / (gflops[b, i] * 1e9) for i, (m, b) in enumerate(zip(ms, best)))
+        seconds = sum(workload.flops(workload.dims_at(s)) / (gflops[b, i] * 1e9)
+                      for i, (s, b) in enumerate(zip(shapes, best)))
         return seconds, best, gflops.max(axis=0)
 
     layout = min(layouts, key=lambda key: votes(sorted(layouts[key]))[0])
@@ -77,7 +86,7 @@ def build_dispatch(result: SearchResult) -> Dispatch:
     _, best, gflops = votes(kernels)
     used = sorted({int(b) for b in best})
     labels = np.array([used.index(int(b)) for b in best])  # positions in the used kernels
-    tree = DecisionTreeClassifier(max_leaf_nodes=MAX_LEAVES, random_state=0).fit(np.array(ms)[:, None], labels)
+    features = np.array([[workload.dims_at(s)[d] for d in workload.dynamic_dims] or [0] for s in shapes])
+    tree = DecisionTreeClassifier(max_leaf_nodes=MAX_LEAVES, random_state=0).fit(features, labels)
     return Dispatch(workload, [kernels[i] for i in used], tree,
-                    {m: float(g) for m, g in zip(ms, gflops)})
-
+                    {s: float(g) for s, g in zip(shapes, gflops)})

@@ -17,7 +17,7 @@ from tf_dietcode.tuning.workload import Workload
 class MicroKernel:
     tile_m: int    # register-tile rows
     tile_n: int    # register-tile columns; also the pre-packed weight's block width
-    tile_k: int    # K cache block (divides K: the reduction loop carries no check)
+    tile_k: int    # K cache block (divides a static K; a dynamic K is padded to it)
     task_n: int    # tile_n blocks per parallel task (cache blocking of N)
     k_outer: bool  # K blocks outside (True) or inside (False) the task's N blocks
 
@@ -35,19 +35,25 @@ def _register_tiles(hw: Hardware):
                 yield rows, vectors * hw.vector_lanes
 
 
-def _k_blocks(hw: Hardware, k: int, tile_n: int):
-    """Divisors of K (and K) whose weight panel (tile_k x tile_n) fits in L1 or L2."""
-    candidates = {k} | {d for d in (32, 64, 128, 192, 256, 384, 512) if d < k and k % d == 0}
+def _k_blocks(hw: Hardware, workload: Workload, tile_n: int):
+    """K cache blocks whose panel (tile_k x tile_n) fits in half of L2: divisors of a
+    static K (and K itself), or powers of two up to K's maximum when K is dynamic
+    (the reduction is then padded to whole blocks)."""
+    k = workload.k.hi
+    if workload.k.static:
+        candidates = {k} | {d for d in (32, 64, 128, 192, 256, 384, 512) if d < k and k % d == 0}
+    else:
+        candidates = {d for d in (8, 16, 32, 64, 128, 256) if d < 2 * k}
     return sorted(d for d in candidates if d * tile_n * 4 <= hw.l2_bytes // 2)
 
 
-def dense_space(hw: Hardware, workload: Workload) -> list[MicroKernel]:
-    """Every dense micro-kernel the hardware admits for this workload's static dims."""
-    space = []
+def space(hw: Hardware, workload: Workload) -> list[MicroKernel]:
+    """Every micro-kernel the hardware admits for this workload (sizes from hardware limits)."""
+    micro_kernels = []
     for (tile_m, tile_n), task_n, k_outer in itertools.product(_register_tiles(hw), (1, 2, 4, 8), (True, False)):
         if tile_n * task_n > max(workload.n.hi, tile_n):
             continue  # a task wider than N only computes padding
-        for tile_k in _k_blocks(hw, workload.k.hi, tile_n):
+        for tile_k in _k_blocks(hw, workload, tile_n):
             if tile_k * tile_n * task_n * 4 <= hw.l2_bytes:
-                space.append(MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer))
-    return space
+                micro_kernels.append(MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer))
+    return micro_kernels

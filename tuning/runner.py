@@ -27,24 +27,26 @@ class LocalRunner:
     min_repeat_ms: int = 20
     timeout_s: float = 60.0    # per micro-kernel: compile plus every shape
 
-    def run(self, workload: Workload, kernels: list[MicroKernel], ms: list[int],
+    def run(self, workload: Workload, kernels: list[MicroKernel], shapes: list[tuple[int, ...]],
             seed: int = 0) -> list[Measurement]:
-        """Measures every kernel at every M; failures and timeouts come back as records."""
+        """Measures every kernel at every shape; failures and timeouts come back as records."""
         results: list[Measurement] = []
         remaining = list(kernels)
         while remaining:
-            done = self._run_worker(workload, remaining, ms, seed, results)
+            done = self._run_worker(workload, remaining, shapes, seed, results)
             remaining = remaining[done:]
             if remaining:  # the kernel being measured hung or killed the worker
-                results.extend(Measurement(remaining[0], m, None, "timeout or crash") for m in ms
-                               if not any(r.kernel == remaining[0] and r.m == m for r in results))
+                measured = {r.shape for r in results if r.kernel == remaining[0]}
+                results.extend(Measurement(remaining[0], tuple(s), None, "timeout or crash")
+                               for s in shapes if tuple(s) not in measured)
                 remaining = remaining[1:]
         return results
 
-    def _run_worker(self, workload, kernels, ms, seed, results) -> int:
+    def _run_worker(self, workload, kernels, shapes, seed, results) -> int:
         """Runs one worker over `kernels`; returns how many it finished."""
         job = {"workload": workload.key(), "kernels": [dataclasses.asdict(k) for k in kernels],
-               "ms": list(ms), "seed": seed, "repeats": self.repeats, "min_repeat_ms": self.min_repeat_ms}
+               "shapes": [list(s) for s in shapes], "seed": seed, "repeats": self.repeats,
+               "min_repeat_ms": self.min_repeat_ms}
         env = {**os.environ, "TVM_NUM_THREADS": str(self.hw.cores), "TVM_BIND_THREADS": "0"}
         worker = subprocess.Popen([sys.executable, "-m", "tf_dietcode.tuning.runner_worker"],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

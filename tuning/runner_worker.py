@@ -1,6 +1,6 @@
 """Child process of LocalRunner: compiles and measures the kernels of one job.
 
-Reads a JSON job on stdin; writes one JSON line per (kernel, M) measurement
+Reads a JSON job on stdin; writes one JSON line per (kernel, shape) measurement
 and a {"done": ...} line after each kernel, flushing as it goes so the parent
 keeps what finished before a hang.
 """
@@ -29,11 +29,12 @@ def main() -> None:
         kernel = MicroKernel(**fields)
         try:
             executable = measure.compile_kernel(workload, kernel, hw)
-            records = measure.measure(executable, workload, kernel, job["ms"], rng,
+            shapes = [tuple(shape) for shape in job["shapes"]]
+            records = measure.measure(executable, workload, kernel, shapes, rng,
                                       job["repeats"], job["min_repeat_ms"])
         except Exception as error:  # noqa: BLE001 - a kernel that fails to build is a record
-            records = [measure.Measurement(kernel, m, None, f"{type(error).__name__}: {error}")
-                       for m in job["ms"]]
+            records = [measure.Measurement(kernel, tuple(shape), None, f"{type(error).__name__}: {error}")
+                       for shape in job["shapes"]]
         for record in records:
             _emit(record.to_json())
         _emit({"done": fields})

@@ -8,6 +8,7 @@ everything measured so far.
 """
 
 import dataclasses
+import itertools
 import math
 import random
 
@@ -18,7 +19,7 @@ from tf_dietcode.tuning.cost_model import CostModel, kernel_throughputs
 from tf_dietcode.tuning.database import Database
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.measure import Measurement
-from tf_dietcode.tuning.micro_kernel import MicroKernel, dense_space
+from tf_dietcode.tuning.micro_kernel import MicroKernel, space
 from tf_dietcode.tuning.workload import Workload
 
 
@@ -28,7 +29,7 @@ class SearchOptions:
     batch: int = 8             # measured per round
     population: int = 128      # candidates bred per round
     epsilon: float = 0.2       # share of each batch picked at random
-    samples: int = 6           # sample shapes across the range
+    samples: int = 6           # sample values per shape variable across its range
     seed: int = 0
 
 
@@ -38,16 +39,20 @@ QUICK = SearchOptions(trials=12, batch=6, population=64, samples=4)
 @dataclasses.dataclass
 class SearchResult:
     workload: Workload
-    sample_ms: list[int]
+    sample_shapes: list[tuple[int, ...]]
     measurements: list[Measurement]
     model: CostModel
 
 
-def sample_shapes(workload: Workload, count: int) -> list[int]:
-    """Range ends plus points spread geometrically between them (small M matters)."""
-    lo, hi = max(workload.m.lo, 1), workload.m.hi
-    points = np.geomspace(lo, hi, count) if count > 1 else [hi]
-    return sorted({int(round(p)) for p in points} | {lo, hi})
+def sample_shapes(workload: Workload, count: int) -> list[tuple[int, ...]]:
+    """Per shape variable: its range ends plus points spread geometrically between
+    them (small sizes matter); every combination across variables."""
+    axes = []
+    for _, size in workload.variables():
+        lo, hi = max(size.lo, 1), size.hi
+        points = np.geomspace(lo, hi, count) if count > 1 else [hi]
+        axes.append(sorted({int(round(p)) for p in points} | {lo, hi}))
+    return list(itertools.product(*axes))
 
 
 def _neighbours(kernel: MicroKernel, values: dict[str, list], rng: random.Random) -> MicroKernel:
@@ -63,14 +68,14 @@ def _crossover(a: MicroKernel, b: MicroKernel, rng: random.Random) -> MicroKerne
     return MicroKernel(**{f.name: getattr(rng.choice((a, b)), f.name) for f in dataclasses.fields(MicroKernel)})
 
 
-def _breed(parents: list[MicroKernel], space: set, values: dict, count: int, rng: random.Random) -> set:
+def _breed(parents: list[MicroKernel], space_set: set, values: dict, count: int, rng: random.Random) -> set:
     children = set()
     for _ in range(count * 20):
         if len(children) >= count:
             break
         child = _crossover(*rng.sample(parents, 2), rng) if len(parents) > 1 and rng.random() < 0.3 \
             else _neighbours(rng.choice(parents), values, rng)
-        if child in space:
+        if child in space_set:
             children.add(child)
     return children
 
@@ -80,12 +85,12 @@ def search(workload: Workload, hw: Hardware, runner, options: SearchOptions = Se
     """Tunes one workload's micro-kernels for its whole M range."""
     database = database or Database()
     rng = random.Random(options.seed)
-    space_list = dense_space(hw, workload)
-    space = set(space_list)
+    space_list = space(hw, workload)
+    space_set = set(space_list)
     values = {f.name: sorted({getattr(k, f.name) for k in space_list}) for f in dataclasses.fields(MicroKernel)}
-    ms = sample_shapes(workload, options.samples)
+    shapes = sample_shapes(workload, options.samples)
     model = CostModel(workload, hw, options.seed)
-    measurements = [r for r in database.measurements(workload, hw.mcpu) if r.m in ms]
+    measurements = [r for r in database.measurements(workload, hw.mcpu) if r.shape in shapes]
     measured = {r.kernel for r in measurements}
     model.fit(measurements)
     trials = min(options.trials, len(space_list))
@@ -93,27 +98,27 @@ def search(workload: Workload, hw: Hardware, runner, options: SearchOptions = Se
               disable=not progress) as bar:
         while len(measured) < trials:
             batch_size = min(options.batch, trials - len(measured))
-            batch = _next_batch(model, measurements, space_list, space, values, measured, ms,
+            batch = _next_batch(model, measurements, space_list, space_set, values, measured, shapes,
                                 batch_size, options, rng)
-            results = runner.run(workload, batch, ms, seed=options.seed)
+            results = runner.run(workload, batch, shapes, seed=options.seed)
             database.add(workload, hw.mcpu, results)
             measurements.extend(results)
             measured.update(batch)
             model.fit(measurements)
             bar.update(len(batch))
-    return SearchResult(workload, ms, measurements, model)
+    return SearchResult(workload, shapes, measurements, model)
 
 
-def _next_batch(model, measurements, space_list, space, values, measured, ms, size, options, rng):
+def _next_batch(model, measurements, space_list, space_set, values, measured, shapes, size, options, rng):
     unmeasured = [k for k in space_list if k not in measured]
     if not model.fitted:
         return rng.sample(unmeasured, min(size, len(unmeasured)))
     best = sorted(kernel_throughputs(measurements, model).items(), key=lambda kv: -kv[1])
     parents = [k for k, _ in best[:8]]
-    candidates = [k for k in _breed(parents, space, values, options.population, rng) if k not in measured]
+    candidates = [k for k in _breed(parents, space_set, values, options.population, rng) if k not in measured]
     candidates += rng.sample(unmeasured, min(len(unmeasured), options.population // 4))
     candidates = list(dict.fromkeys(candidates))
-    scores = np.log(model.predict(candidates, ms)).mean(axis=1)  # joint: every shape counts
+    scores = np.log(model.predict(candidates, shapes)).mean(axis=1)  # joint: every shape counts
     ranked = [candidates[i] for i in np.argsort(-scores)]
     explore = math.ceil(size * options.epsilon)
     batch = ranked[:size - explore]

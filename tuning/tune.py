@@ -27,5 +27,5 @@ def tune(workloads: list[Workload], bundle_dir: str | pathlib.Path, *,
     database = database or Database()
     results = [search(w, hw, runner, options, database, progress) for w in dict.fromkeys(workloads)]
     dispatches = [build_dispatch(r) for r in results]
-    manifest = bundle.build_bundle(dispatches, hw, bundle_dir, [r.sample_ms for r in results], options.seed)
+    manifest = bundle.build_bundle(dispatches, hw, bundle_dir, [r.sample_shapes for r in results], options.seed)
     return TuningReport(results, dispatches, manifest)

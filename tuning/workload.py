@@ -1,13 +1,20 @@
 """Tuning workloads: one fused product with its shape ranges, the key of all tuning.
 
-A workload is hashable and serialises to a stable JSON key, so the tuning
-database and kernel bundles can be looked up by it.
+    dense:         out[M, N] = act(x[M, K] @ w[N, K]^T + bias[N]); w static, M dynamic
+    batch_matmul:  out[B, M, N] = x[B, M, K] @ y[B, K, N]   (NN), or y[B, N, K]^T (NT)
+
+Any of B, M, N, K of a batch matmul may be dynamic. Dynamic dims listed in
+`ties` always have the same size (attention's [192,T,64]x[192,T,64]^T ties M
+and N to T), so they are sampled as one variable. A workload is hashable and
+serialises to a stable JSON key for the tuning database and kernel bundles.
 """
 
 import dataclasses
+import itertools
 import json
 
-KINDS = ("dense",)
+KINDS = ("dense", "batch_matmul")
+DIMS = ("b", "m", "n", "k")
 ACTIVATIONS = ("none", "relu", "tanh", "sigmoid", "gelu", "gelu_tanh")
 
 
@@ -27,7 +34,7 @@ class DimRange:
         return self.lo == self.hi
 
     @classmethod
-    def of(cls, value: "int | tuple[int, int] | dict | DimRange") -> "DimRange":
+    def of(cls, value: "int | tuple[int, int] | list | dict | DimRange") -> "DimRange":
         if isinstance(value, DimRange):
             return value
         if isinstance(value, int):
@@ -39,27 +46,67 @@ class DimRange:
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """Dense: out[M, N] = act(x[M, K] @ w[N, K]^T + bias[N]), M dynamic, the weight static."""
-
     kind: str
     m: DimRange
     n: DimRange
     k: DimRange
-    bias: bool = True
+    b: DimRange = DimRange(1, 1)
+    transpose_b: bool = True
+    bias: bool = False
     activation: str = "none"
+    ties: tuple[str, ...] = ()
     dtype: str = "float32"
 
     def __post_init__(self):
-        for name in ("m", "n", "k"):
+        for name in DIMS:
             object.__setattr__(self, name, DimRange.of(getattr(self, name)))
+        object.__setattr__(self, "ties", tuple(self.ties))
         if self.kind not in KINDS:
             raise ValueError(f"workload kind must be one of {KINDS}, got {self.kind!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.dtype != "float32":
             raise ValueError(f"only float32 is tuned, got {self.dtype}")
-        if not (self.n.static and self.k.static):
-            raise ValueError("a dense workload's weight dims N and K must be static")
+        if self.kind == "dense" and not (self.n.static and self.k.static and self.b == DimRange(1, 1)
+                                         and self.transpose_b):
+            raise ValueError("a dense workload has a static weight w[N, K] and no batch dim")
+        if self.kind == "batch_matmul" and (self.bias or self.activation != "none"):
+            raise ValueError("batch_matmul workloads have no bias or activation epilogue yet")
+        if self.ties and (len(self.ties) < 2 or not set(self.ties) <= set(self.dynamic_dims)):
+            raise ValueError(f"ties must name two or more dynamic dims of {self.dynamic_dims}, got {self.ties}")
+
+    @property
+    def dynamic_dims(self) -> tuple[str, ...]:
+        return tuple(d for d in DIMS if not getattr(self, d).static)
+
+    def variables(self) -> list[tuple[tuple[str, ...], DimRange]]:
+        """Independent shape variables: each a group of dims sharing one size, with its range."""
+        groups = [(self.ties, DimRange(max(getattr(self, d).lo for d in self.ties),
+                                       min(getattr(self, d).hi for d in self.ties)))] if self.ties else []
+        groups += [((d,), getattr(self, d)) for d in self.dynamic_dims if d not in self.ties]
+        return groups
+
+    def dims_at(self, values: tuple[int, ...]) -> dict[str, int]:
+        """Every dim's size when the shape variables take `values`."""
+        dims = {d: getattr(self, d).lo for d in DIMS}
+        for (names, _), value in zip(self.variables(), values):
+            dims.update(dict.fromkeys(names, value))
+        return dims
+
+    def all_shapes(self, limit: int = 20000) -> list[tuple[int, ...]]:
+        """Every combination of variable values (strided down to about `limit` points)."""
+        axes = [range(r.lo, r.hi + 1) for _, r in self.variables()]
+        total = 1
+        for axis in axes:
+            total *= len(axis)
+        stride = max(1, round((total / limit) ** (1 / max(len(axes), 1))))
+        return list(itertools.product(*(dict.fromkeys([*axis[::stride], axis[-1]]) for axis in axes)))
+
+    def contains(self, dims: dict[str, int]) -> bool:
+        return all(getattr(self, d).lo <= dims[d] <= getattr(self, d).hi for d in DIMS)
+
+    def flops(self, dims: dict[str, int]) -> float:
+        return 2.0 * dims["b"] * dims["m"] * dims["n"] * dims["k"]
 
     def key(self) -> str:
         """Stable JSON text identifying the workload (the tuning database key)."""
@@ -68,6 +115,3 @@ class Workload:
     @classmethod
     def from_key(cls, key: str) -> "Workload":
         return cls(**json.loads(key))
-
-    def flops(self, m: int) -> float:
-        return 2.0 * m * self.n.hi * self.k.hi

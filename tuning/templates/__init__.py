@@ -1,2 +1,33 @@
-"""Micro-kernel templates, one module per op kind: compute definition, weight
-layout and the schedule that turns micro-kernel parameters into a kernel."""
+"""Micro-kernel templates, one module per workload kind, with one interface:
+
+    schedule(workload, kernel, dims=None) -> IRModule   (dims=None: dynamic dims symbolic)
+    random_operands(workload, dims, rng) -> {name: array}
+    kernel_arguments(operands, workload, kernel) -> device tensors, output last
+    reference_output(operands, workload) -> float64 array
+    task_count(workload, kernel, dims), computed_elements(workload, kernel, dims)
+"""
+
+import importlib
+
+from tvm import s_tir, tirx
+
+
+def for_workload(workload):
+    """The template module of the workload's kind."""
+    return importlib.import_module(f"tf_dietcode.tuning.templates.{workload.kind}")
+
+
+def dim(workload, name: str, dims: dict[str, int] | None):
+    """A dim as TIR: a symbolic int64 var if dynamic and not fixed by `dims`, else a constant."""
+    size = getattr(workload, name)
+    if dims is None and not size.static:
+        return tirx.Var(name.upper(), "int64")
+    return tirx.const(size.lo if dims is None else dims[name], "int64")
+
+
+def optional_block(sch: s_tir.Schedule, name: str):
+    """The named block, or None where pad_einsum found nothing to pad."""
+    try:
+        return sch.get_sblock(name)
+    except s_tir.ScheduleError:
+        return None

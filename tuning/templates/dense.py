@@ -8,12 +8,14 @@ tile_m x (task_n * tile_n) tile with no checks, and writes back the valid part
 with bias and activation fused (the only bound check on output).
 """
 
+import math
+
 import numpy as np
 import tvm
 from tvm import s_tir, te, tirx
 
 from tf_dietcode.tuning.micro_kernel import MicroKernel
-from tf_dietcode.tuning.templates import activation
+from tf_dietcode.tuning.templates import activation, dim, optional_block
 from tf_dietcode.tuning.workload import Workload
 
 COMPUTE_BLOCK = "acc"
@@ -34,10 +36,10 @@ def pack_weight(weight: np.ndarray, workload: Workload, kernel: MicroKernel) -> 
     return np.ascontiguousarray(padded.reshape(blocks, kernel.tile_n, k).transpose(0, 2, 1))
 
 
-def prim_func(workload: Workload, kernel: MicroKernel, m: int | None = None) -> tirx.PrimFunc:
-    """The computation with M symbolic (m=None) or fixed; params x, wp, [bias], out."""
+def prim_func(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | None = None) -> tirx.PrimFunc:
+    """The computation with M symbolic (dims=None) or fixed; params x, wp, [bias], out."""
     n, k, tile_n = workload.n.hi, workload.k.hi, kernel.tile_n
-    rows = tirx.Var("M", "int64") if m is None else m
+    rows = dim(workload, "m", dims)
     x = te.placeholder((rows, k), "float32", name="x")
     wp = te.placeholder((weight_blocks(workload, kernel), k, tile_n), "float32", name="wp")
     r = te.reduce_axis((0, k), "k")
@@ -56,20 +58,12 @@ def prim_func(workload: Workload, kernel: MicroKernel, m: int | None = None) -> 
     return te.create_prim_func([*params, out])
 
 
-def _block(sch: s_tir.Schedule, name: str):
-    """The named block, or None where padding turned out unnecessary (tile_m = 1)."""
-    try:
-        return sch.get_sblock(name)
-    except s_tir.ScheduleError:
-        return None
-
-
-def schedule(workload: Workload, kernel: MicroKernel, m: int | None = None) -> tvm.IRModule:
-    """The micro-kernel's schedule applied to prim_func(workload, kernel, m)."""
-    sch = s_tir.Schedule(tvm.IRModule({"main": prim_func(workload, kernel, m)}))
+def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | None = None) -> tvm.IRModule:
+    """The micro-kernel's schedule applied to prim_func(workload, kernel, dims)."""
+    sch = s_tir.Schedule(tvm.IRModule({"main": prim_func(workload, kernel, dims)}))
     block = sch.get_sblock(COMPUTE_BLOCK)
     sch.pad_einsum(block, [kernel.tile_m, 1, kernel.tile_n, 1])
-    copy_out = _block(sch, f"{COMPUTE_BLOCK}_pad")
+    copy_out = optional_block(sch, f"{COMPUTE_BLOCK}_pad")
     if copy_out is not None:
         sch.compute_inline(copy_out)  # out reads the padded tile directly
     i, jo, ji, k = sch.get_loops(block)
@@ -81,7 +75,7 @@ def schedule(workload: Workload, kernel: MicroKernel, m: int | None = None) -> t
     task = sch.fuse(i_outer, j_outer)
     sch.parallel(task)
 
-    fetch = _block(sch, "x_pad")                    # input tile, zero padded past M
+    fetch = optional_block(sch, "x_pad")            # input tile, zero padded past M
     if fetch is not None:
         sch.compute_at(fetch, task)
         sch.set_scope(fetch, 0, "local")
@@ -93,3 +87,47 @@ def schedule(workload: Workload, kernel: MicroKernel, m: int | None = None) -> t
     sch.unroll(i_inner)
     sch.decompose_reduction(block, middle[0])
     return sch.mod
+
+
+def random_operands(workload: Workload, dims: dict[str, int], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    operands = {"x": rng.uniform(-1, 1, (dims["m"], workload.k.hi)).astype(np.float32),
+                "w": rng.uniform(-1, 1, (workload.n.hi, workload.k.hi)).astype(np.float32)}
+    if workload.bias:
+        operands["bias"] = rng.uniform(-1, 1, (workload.n.hi,)).astype(np.float32)
+    return operands
+
+
+def kernel_arguments(operands: dict[str, np.ndarray], workload: Workload, kernel: MicroKernel):
+    """x, the packed weight, [bias] and a zeroed output, as device tensors."""
+    arrays = [operands["x"], pack_weight(operands["w"], workload, kernel)]
+    if workload.bias:
+        arrays.append(operands["bias"])
+    arrays.append(np.zeros((operands["x"].shape[0], workload.n.hi), np.float32))
+    return [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]
+
+
+def reference_output(operands: dict[str, np.ndarray], workload: Workload) -> np.ndarray:
+    """The layer in float64 numpy, activations as TF defines them."""
+    from scipy.special import erf
+
+    out = operands["x"].astype(np.float64) @ operands["w"].astype(np.float64).T
+    if workload.bias:
+        out += operands["bias"]
+    return {
+        "none": lambda v: v,
+        "relu": lambda v: np.maximum(v, 0),
+        "tanh": np.tanh,
+        "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
+        "gelu": lambda v: 0.5 * v * (1 + erf(v / np.sqrt(2))),
+        "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3))),
+    }[workload.activation](out)
+
+
+def task_count(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
+    """Parallel tasks of one call: row tiles times column tasks."""
+    return math.ceil(dims["m"] / kernel.tile_m) * (weight_blocks(workload, kernel) // kernel.task_n)
+
+
+def computed_elements(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
+    """Output elements computed including padding (rows to tile_m, columns to the packed blocks)."""
+    return math.ceil(dims["m"] / kernel.tile_m) * kernel.tile_m * weight_blocks(workload, kernel) * kernel.tile_n

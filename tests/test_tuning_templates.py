@@ -1,0 +1,111 @@
+"""Micro-kernel templates: numerically right at every shape, and local padding
+keeps every bound check out of the compute loop."""
+
+import numpy as np
+import pytest
+from tvm import s_tir, tirx
+
+from tf_dietcode.tuning import hardware, measure, micro_kernel, templates
+from tf_dietcode.tuning.templates import dense
+from tf_dietcode.tuning.workload import Workload
+
+WORKLOADS = [
+    Workload("dense", (1, 64), 40, 48, bias=True, activation="gelu"),      # N not a multiple of any tile
+    Workload("dense", (1, 128), 96, 64),
+    Workload("dense", (1, 32), 24, 17, bias=True, activation="gelu_tanh"),  # prime K
+    Workload("dense", (1, 16), 8, 8, bias=True, activation="relu"),
+    Workload("dense", (1, 16), 33, 8, bias=True, activation="tanh"),
+    Workload("dense", (1, 16), 9, 16, activation="sigmoid"),
+    Workload("batch_matmul", (1, 40), (1, 40), 16, b=6, ties=("m", "n")),           # scores: q k^T
+    Workload("batch_matmul", (1, 40), 16, (1, 40), b=6, transpose_b=False, ties=("m", "k")),  # probs v
+    Workload("batch_matmul", (0, 9), (1, 23), (2, 13), b=(1, 3), transpose_b=False),  # all dynamic
+]
+
+
+def ids(workload):
+    return "_".join([workload.kind, *(f"{d}{getattr(workload, d).lo}-{getattr(workload, d).hi}"
+                                      for d in ("b", "m", "n", "k")), "nt" if workload.transpose_b else "nn"])
+
+
+def sample_kernels(workload, count, rng):
+    space = micro_kernel.space(hardware.detect(), workload)
+    return [space[i] for i in rng.choice(len(space), size=min(count, len(space)), replace=False)]
+
+
+def edge_shapes(workload, rng):
+    """Range ends, one past the end, 1, primes and random values of every shape variable."""
+    ranges = [size for _, size in workload.variables()]
+    shapes = {tuple(r.lo for r in ranges), tuple(r.hi for r in ranges), tuple(r.hi + 3 for r in ranges),
+              tuple(min(max(v, r.lo), r.hi) for r, v in zip(ranges, (1, 7, 13, 5)))}
+    shapes |= {tuple(int(rng.integers(r.lo, r.hi + 4)) for r in ranges) for _ in range(4)}
+    return sorted(shapes)
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=ids)
+def test_symbolic_kernel_is_right_at_every_shape(rng, workload):
+    hw = hardware.detect()
+    template = templates.for_workload(workload)
+    for kernel in sample_kernels(workload, 3, rng):
+        executable = measure.compile_kernel(workload, kernel, hw)
+        for shape in edge_shapes(workload, rng):
+            dims = workload.dims_at(shape)
+            operands = template.random_operands(workload, dims, rng)
+            arguments = template.kernel_arguments(operands, workload, kernel)
+            measure.run(executable, arguments)
+            np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
+                                       rtol=1e-4, atol=1e-4, err_msg=f"{kernel.name} at {dims}")
+
+
+def test_static_compile_matches_symbolic(rng):
+    workload, hw = WORKLOADS[6], hardware.detect()
+    kernel = sample_kernels(workload, 1, rng)[0]
+    dims = workload.dims_at((29,))
+    operands = templates.for_workload(workload).random_operands(workload, dims, rng)
+    outputs = []
+    for compiled_dims in (None, dims):
+        arguments = templates.for_workload(workload).kernel_arguments(operands, workload, kernel)
+        measure.run(measure.compile_kernel(workload, kernel, hw, compiled_dims), arguments)
+        outputs.append(arguments[-1].numpy())
+    np.testing.assert_allclose(*outputs, rtol=1e-6, atol=1e-6)
+
+
+def test_pack_weight_layout(rng):
+    workload = WORKLOADS[0]
+    kernel = micro_kernel.MicroKernel(4, 16, 48, 2, True)
+    w = rng.uniform(-1, 1, (40, 48)).astype(np.float32)
+    packed = dense.pack_weight(w, workload, kernel)
+    assert packed.shape == (4, 48, 16)  # 40 columns -> 2 tasks of 2 blocks of 16
+    for j in range(64):
+        np.testing.assert_array_equal(packed[j // 16, :, j % 16], w[j] if j < 40 else 0)
+
+
+def enclosing_loops_and_realize(mod, block_name):
+    sch = s_tir.Schedule(mod)
+    block = templates.optional_block(sch, block_name)
+    if block is None:
+        return None, None
+    loops = [sch.get(loop) for loop in sch.get_loops(block)]
+    return loops, loops[-1].body
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=ids)
+def test_local_padding_leaves_no_check_in_the_compute_loop(rng, workload):
+    template = templates.for_workload(workload)
+    for kernel in sample_kernels(workload, 5, rng):
+        mod = template.schedule(workload, kernel)
+        loops, realize = enclosing_loops_and_realize(mod, f"{template.COMPUTE_BLOCK}_update")
+        assert loops[0].kind == tirx.ForKind.PARALLEL
+        # The register tile and the K block have constant trip counts ...
+        assert all(isinstance(loop.extent, tirx.IntImm) for loop in loops[-3:]), kernel.name
+        # ... the block runs unconditionally, and its body has no select.
+        assert isinstance(realize.predicate, tirx.IntImm) and realize.predicate.value == 1, kernel.name
+        assert "if_then_else" not in str(realize.block.body)
+        # Bounds live where data enters (zero fill) and leaves (write-back predicate).
+        for fetch in ("x_pad", "y_pad"):
+            _, fetch_realize = enclosing_loops_and_realize(mod, fetch)
+            if fetch_realize is not None:
+                assert "if_then_else" in str(fetch_realize.block.body), (kernel.name, fetch)
+        write_back = "out" if workload.kind == "dense" else f"{template.COMPUTE_BLOCK}_pad"
+        _, write_realize = enclosing_loops_and_realize(mod, write_back)
+        if kernel.tile_m > 1 and not workload.m.static:  # rows padded past a dynamic M
+            assert not isinstance(write_realize.predicate, tirx.IntImm), kernel.name
