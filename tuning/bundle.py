@@ -8,6 +8,7 @@ was checked against numpy: the range ends, the sample shapes and random shapes
 
 import ctypes
 import hashlib
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -116,6 +117,7 @@ def build_bundle(dispatches: list[Dispatch], hw: Hardware, directory: str | path
             "target": {"kind": "llvm", "mcpu": hw.mcpu, "cores": hw.cores},
             "cpu_features": list(hw.features),
             "tvm": tvm.__version__,
+            "tensorflow": importlib.metadata.version("tensorflow"),  # without importing it
             "workloads": [_workload_entry(w, d) for w, d in enumerate(dispatches)],
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))

@@ -32,6 +32,13 @@ class Database:
                 f.writelines(json.dumps(r) + "\n" for r in records)
 
     def measurements(self, workload: Workload, target: str) -> list[Measurement]:
+        """This workload's records on this target; records of another format are skipped."""
         key = workload.key()
-        return [Measurement.from_json(r) for r in self._records
-                if r["workload"] == key and r["target"] == target]
+        found = []
+        for record in self._records:
+            if record.get("workload") == key and record.get("target") == target:
+                try:
+                    found.append(Measurement.from_json(record))
+                except (KeyError, TypeError):
+                    continue
+        return found

@@ -1,0 +1,130 @@
+"""DietCode-tuned micro-kernels against TF, and symbolic vs static AOT.
+
+    python -m bench.tuned_kernels [--quick] [--out bench/results]
+
+Tunes each workload once for T in [1, 128] (tuning database <out>/tuning.jsonl,
+resumed), then at each T times TF's op in-graph (MatMul+BiasAdd, BatchMatMulV2),
+the bundle's dispatched kernel (TVM's time_evaluator: no Python in the loop)
+and the same micro-kernel compiled for that static shape. Writes
+tuned_kernels.csv and tuned_kernels.png; prints tuning time and speed-ups.
+"""
+
+import argparse
+import csv
+import math
+import os
+import pathlib
+import time
+
+os.environ.setdefault("TVM_NUM_THREADS", "2")
+os.environ.setdefault("TVM_BIND_THREADS", "0")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tvm  # noqa: E402
+
+from bench import in_graph_timing, plots  # noqa: E402
+from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
+from tf_dietcode import reference  # noqa: E402
+from tf_dietcode.tuning import bundle, hardware, measure, search, templates  # noqa: E402
+from tf_dietcode.tuning.database import Database  # noqa: E402
+from tf_dietcode.tuning.runner import LocalRunner  # noqa: E402
+from tf_dietcode.tuning.tune import tune  # noqa: E402
+from tf_dietcode.tuning.workload import Workload  # noqa: E402
+
+# (name, workload, shape variables at sequence length T, the same product in TF ops)
+CASES = [
+    ("dense_b16_[16T,768]x[2304,768]^T", Workload("dense", (16, 2048), 2304, 768, bias=True),
+     lambda t: (16 * t,), lambda x, w, b: reference.fused_matmul(x, w, b, transpose_b=True)),
+    ("dense_b1_[T,768]x[2304,768]^T", Workload("dense", (1, 128), 2304, 768, bias=True),
+     lambda t: (t,), lambda x, w, b: reference.fused_matmul(x, w, b, transpose_b=True)),
+    ("bmm_nt_[192,T,64]x[192,T,64]^T", Workload("batch_matmul", (1, 128), (1, 128), 64, b=192, ties=("m", "n")),
+     lambda t: (t,), lambda x, y: tf.linalg.matmul(x, y, adjoint_b=True)),
+    ("bmm_nn_[192,T,T]x[192,T,64]",
+     Workload("batch_matmul", (1, 128), 64, (1, 128), b=192, transpose_b=False, ties=("m", "k")),
+     lambda t: (t,), lambda x, y: tf.linalg.matmul(x, y)),
+]
+
+
+def tvm_seconds(module, name, arguments):
+    timer = module.time_evaluator(name, tvm.cpu(), number=1, repeat=7, min_repeat_ms=30)
+    return float(np.median(timer(*arguments).results))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a few T and the quick search budget")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
+    args = parser.parse_args(argv)
+    tf.config.threading.set_intra_op_parallelism_threads(2)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    sequence_lengths = QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS
+    options = search.QUICK if args.quick else search.SearchOptions()
+    hw = hardware.detect()
+    rng = np.random.default_rng(0)
+
+    workloads = [workload for _, workload, _, _ in CASES]
+    tuning_seconds = {}
+    database = Database(args.out / "tuning.jsonl")
+    for name, workload, _, _ in CASES:  # one by one, to time each workload's tuning
+        started = time.perf_counter()
+        search.search(workload, hw, LocalRunner(hw), options, database)
+        tuning_seconds[name] = time.perf_counter() - started
+    report = tune(workloads, args.out / "bundle", options=options, database=database, progress=False)
+    module = tvm.runtime.load_module(str(args.out / "bundle" / bundle.LIBRARY))
+
+    jobs = []
+    for w_index, (name, workload, shape_at, tf_compute) in enumerate(CASES):
+        template = templates.for_workload(workload)
+        for t in sequence_lengths:
+            dims = workload.dims_at(shape_at(t))
+            jobs.append((w_index, name, workload, template, t, dims, tf_compute,
+                         template.random_operands(workload, dims, rng)))
+    # TF first, before TVM's thread pool is busy.
+    tf_times = {(job[0], job[4]): in_graph_timing.seconds_per_call(
+        job[6], [tf.constant(v) for v in job[7].values()]) for job in jobs}
+
+    rows = []
+    for w_index, name, workload, template, t, dims, _, operands in jobs:
+        dispatch = report.dispatches[w_index]
+        index = dispatch.kernel_index(dims)
+        kernel = dispatch.kernels[index]
+        arguments = template.kernel_arguments(operands, workload, kernel)
+        symbolic = tvm_seconds(module, bundle.kernel_symbol(w_index, index), arguments)
+        static = tvm_seconds(measure.compile_kernel(workload, kernel, hw, dims).mod, "main", arguments)
+        tf_time = tf_times[(w_index, t)]
+        for peer, seconds in (("tensorflow", tf_time), ("dietcode", symbolic), ("dietcode_static", static)):
+            rows.append({"workload": name, "T": t, "peer": peer, "kernel": kernel.name, "ms": seconds * 1e3,
+                         "gflops": workload.flops(dims) / seconds / 1e9,
+                         "speedup_vs_tensorflow": tf_time / seconds, "symbolic_over_static": symbolic / static,
+                         "tuning_seconds": tuning_seconds[name]})
+
+    csv_path = args.out / "tuned_kernels.csv"
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plots.speedup_by_t(rows, args.out / "tuned_kernels.png",
+                       title=f"Tuned micro-kernels vs TF {tf.__version__} ({hw.mcpu}, {hw.cores} threads)")
+
+    print(f"\n{'workload':34s} {'T':>4s} {'kernel':>20s} {'TF ms':>8s} {'tuned ms':>9s} {'speed-up':>9s} "
+          f"{'sym/static':>10s}")
+    for row in rows:
+        if row["peer"] == "dietcode":
+            print(f"{row['workload']:34s} {row['T']:4d} {row['kernel']:>20s} "
+                  f"{row['ms'] * row['speedup_vs_tensorflow']:8.3f} {row['ms']:9.3f} "
+                  f"{row['speedup_vs_tensorflow']:8.2f}x {row['symbolic_over_static']:10.3f}")
+    print()
+    for name, *_ in CASES:
+        mine = [r for r in rows if r["peer"] == "dietcode" and r["workload"] == name]
+        speedups = [r["speedup_vs_tensorflow"] for r in mine]
+        print(f"{name:34s} speed-up over TF: geomean {math.exp(np.mean(np.log(speedups))):.2f}x, "
+              f"worst {min(speedups):.2f}x; symbolic/static worst {max(r['symbolic_over_static'] for r in mine):.3f}; "
+              f"tuning {tuning_seconds[name]:.0f} s ({options.trials} micro-kernels)")
+    print(f"wrote {csv_path}")
+
+
+if __name__ == "__main__":
+    main()
