@@ -168,3 +168,17 @@ def test_quick_tune_writes_a_checked_bundle(tmp_path):
         for kernel in entry["kernels"]:
             assert module[kernel["symbol"]] is not None
     assert not any(p.name.startswith(".bundle-") for p in tmp_path.iterdir())  # no staging left
+
+
+def test_largest_shape_baseline_tunes_one_shape_and_serves_the_range():
+    from tf_dietcode.tuning import baselines
+
+    runner = FormulaRunner()
+    options = search.SearchOptions(trials=16, batch=8, seed=2)
+    result, chosen = baselines.largest_shape(WORKLOAD, HW, runner, options, progress=False)
+    assert result.sample_shapes == [(100,)]
+    assert len(chosen.kernels) == 1
+    fastest = min((r for r in result.measurements if r.seconds), key=lambda r: r.seconds)
+    assert chosen.kernels[0] == fastest.kernel
+    assert {chosen.kernel_index(WORKLOAD.dims_at((m,))) for m in range(1, 101)} == {0}
+    assert chosen.kernel_index(WORKLOAD.dims_at((101,))) == -1

@@ -81,14 +81,16 @@ def _breed(parents: list[MicroKernel], space_set: set, values: dict, count: int,
 
 
 def search(workload: Workload, hw: Hardware, runner, options: SearchOptions = SearchOptions(),
-           database: Database | None = None, progress: bool = True) -> SearchResult:
-    """Tunes one workload's micro-kernels for its whole M range."""
+           database: Database | None = None, progress: bool = True,
+           shapes: list[tuple[int, ...]] | None = None) -> SearchResult:
+    """Tunes one workload's micro-kernels jointly for its sample shapes (by default
+    sample_shapes(workload, options.samples), which span the whole range)."""
     database = database or Database()
     rng = random.Random(options.seed)
     space_list = space(hw, workload)
     space_set = set(space_list)
     values = {f.name: sorted({getattr(k, f.name) for k in space_list}) for f in dataclasses.fields(MicroKernel)}
-    shapes = sample_shapes(workload, options.samples)
+    shapes = shapes or sample_shapes(workload, options.samples)
     model = CostModel(workload, hw, options.seed)
     measurements = [r for r in database.measurements(workload, hw.mcpu) if r.shape in shapes]
     measured = {r.kernel for r in measurements}
