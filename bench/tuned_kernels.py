@@ -7,6 +7,8 @@ resumed), then at each T times TF's op in-graph (MatMul+BiasAdd, BatchMatMulV2),
 the bundle's dispatched kernel (TVM's time_evaluator: no Python in the loop)
 and the same micro-kernel compiled for that static shape. Writes
 tuned_kernels.csv and tuned_kernels.png; prints tuning time and speed-ups.
+The Nimble-like baseline (tune the largest shape only, use its best kernel for
+every T) runs beside it with the same budget.
 """
 
 import argparse
@@ -27,7 +29,7 @@ import tvm  # noqa: E402
 from bench import in_graph_timing, plots  # noqa: E402
 from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
 from tf_dietcode import reference  # noqa: E402
-from tf_dietcode.tuning import bundle, hardware, measure, search, templates  # noqa: E402
+from tf_dietcode.tuning import baselines, bundle, hardware, measure, search, templates  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 from tf_dietcode.tuning.runner import LocalRunner  # noqa: E402
 from tf_dietcode.tuning.tune import tune  # noqa: E402
@@ -73,6 +75,13 @@ def main(argv=None):
         search.search(workload, hw, LocalRunner(hw), options, database)
         tuning_seconds[name] = time.perf_counter() - started
     report = tune(workloads, args.out / "bundle", options=options, database=database, progress=False)
+    largest_database = Database(args.out / "tuning_largest_shape.jsonl")
+    largest = {}
+    for name, workload, _, _ in CASES:
+        started = time.perf_counter()
+        _, dispatch = baselines.largest_shape(workload, hw, LocalRunner(hw), options, largest_database)
+        largest[name] = (dispatch.kernels[0], measure.compile_kernel(workload, dispatch.kernels[0], hw),
+                         time.perf_counter() - started)
     module = tvm.runtime.load_module(str(args.out / "bundle" / bundle.LIBRARY))
 
     jobs = []
@@ -94,12 +103,17 @@ def main(argv=None):
         arguments = template.kernel_arguments(operands, workload, kernel)
         symbolic = tvm_seconds(module, bundle.kernel_symbol(w_index, index), arguments)
         static = tvm_seconds(measure.compile_kernel(workload, kernel, hw, dims).mod, "main", arguments)
+        largest_kernel, largest_executable, _ = largest[name]
+        largest_time = tvm_seconds(largest_executable.mod, "main",
+                                   template.kernel_arguments(operands, workload, largest_kernel))
         tf_time = tf_times[(w_index, t)]
-        for peer, seconds in (("tensorflow", tf_time), ("dietcode", symbolic), ("dietcode_static", static)):
-            rows.append({"workload": name, "T": t, "peer": peer, "kernel": kernel.name, "ms": seconds * 1e3,
+        for peer, seconds, used in (("tensorflow", tf_time, kernel), ("dietcode", symbolic, kernel),
+                                    ("dietcode_static", static, kernel),
+                                    ("largest_shape", largest_time, largest_kernel)):
+            rows.append({"workload": name, "T": t, "peer": peer, "kernel": used.name, "ms": seconds * 1e3,
                          "gflops": workload.flops(dims) / seconds / 1e9,
                          "speedup_vs_tensorflow": tf_time / seconds, "symbolic_over_static": symbolic / static,
-                         "tuning_seconds": tuning_seconds[name]})
+                         "tuning_seconds": largest[name][2] if peer == "largest_shape" else tuning_seconds[name]})
 
     csv_path = args.out / "tuned_kernels.csv"
     with open(csv_path, "w", newline="") as f:
@@ -123,6 +137,9 @@ def main(argv=None):
         print(f"{name:34s} speed-up over TF: geomean {math.exp(np.mean(np.log(speedups))):.2f}x, "
               f"worst {min(speedups):.2f}x; symbolic/static worst {max(r['symbolic_over_static'] for r in mine):.3f}; "
               f"tuning {tuning_seconds[name]:.0f} s ({options.trials} micro-kernels)")
+        theirs = [r["speedup_vs_tensorflow"] for r in rows if r["peer"] == "largest_shape" and r["workload"] == name]
+        print(f"{'':34s} largest-shape baseline: geomean {math.exp(np.mean(np.log(theirs))):.2f}x, "
+              f"worst {min(theirs):.2f}x; tuning {largest[name][2]:.0f} s")
     print(f"wrote {csv_path}")
 
 
