@@ -7,7 +7,6 @@ T) and generic_kernels.png, and prints the geometric-mean speed-ups.
 """
 
 import argparse
-import csv
 import math
 import os
 import pathlib
@@ -15,7 +14,7 @@ import pathlib
 import tensorflow as tf
 from tqdm import tqdm
 
-from bench import in_graph_timing, plots
+from bench import in_graph_timing, report
 from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS, WORKLOADS
 
 PEERS = ("tensorflow", "dietcode")
@@ -56,11 +55,8 @@ def main(argv=None):
     rows = measure(WORKLOADS, QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS, args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / "generic_kernels.csv"
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    plots.speedup_by_t(rows, args.out / "generic_kernels.png",
+    report.write_csv(rows, csv_path)
+    report.speedup_by_t(rows, args.out / "generic_kernels.png",
                        title=f"Generic kernels vs TF {tf.__version__} (in-graph, {args.threads} threads)")
 
     print(f"\n{'workload':36s} {'T':>4s} {'TF ms':>9s} {'dietcode ms':>12s} {'speed-up':>9s}")

@@ -12,7 +12,6 @@ every T) runs beside it with the same budget.
 """
 
 import argparse
-import csv
 import math
 import os
 import pathlib
@@ -26,7 +25,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tvm  # noqa: E402
 
-from bench import in_graph_timing, plots  # noqa: E402
+from bench import in_graph_timing, report  # noqa: E402
 from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
 from tf_dietcode import reference  # noqa: E402
 from tf_dietcode.tuning import baselines, bundle, hardware, measure, search, templates  # noqa: E402
@@ -74,7 +73,7 @@ def main(argv=None):
         started = time.perf_counter()
         search.search(workload, hw, LocalRunner(hw), options, database)
         tuning_seconds[name] = time.perf_counter() - started
-    report = tune(workloads, args.out / "bundle", options=options, database=database, progress=False)
+    tuned = tune(workloads, args.out / "bundle", options=options, database=database, progress=False)
     largest_database = Database(args.out / "tuning_largest_shape.jsonl")
     largest = {}
     for name, workload, _, _ in CASES:
@@ -97,7 +96,7 @@ def main(argv=None):
 
     rows = []
     for w_index, name, workload, template, t, dims, _, operands in jobs:
-        dispatch = report.dispatches[w_index]
+        dispatch = tuned.dispatches[w_index]
         index = dispatch.kernel_index(dims)
         kernel = dispatch.kernels[index]
         arguments = template.kernel_arguments(operands, workload, kernel)
@@ -116,11 +115,8 @@ def main(argv=None):
                          "tuning_seconds": largest[name][2] if peer == "largest_shape" else tuning_seconds[name]})
 
     csv_path = args.out / "tuned_kernels.csv"
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    plots.speedup_by_t(rows, args.out / "tuned_kernels.png",
+    report.write_csv(rows, csv_path)
+    report.speedup_by_t(rows, args.out / "tuned_kernels.png",
                        title=f"Tuned micro-kernels vs TF {tf.__version__} ({hw.mcpu}, {hw.cores} threads)")
 
     print(f"\n{'workload':34s} {'T':>4s} {'kernel':>20s} {'TF ms':>8s} {'tuned ms':>9s} {'speed-up':>9s} "

@@ -31,3 +31,27 @@ def optional_block(sch: s_tir.Schedule, name: str):
         return sch.get_sblock(name)
     except s_tir.ScheduleError:
         return None
+
+
+def fetch_into_local(sch: s_tir.Schedule, name: str, loop):
+    """Local padding, input side: the padded copy `name` becomes a local tile
+    fetched (with its zero-fill bound check) once per iteration of `loop`."""
+    block = optional_block(sch, name)
+    if block is not None:
+        sch.compute_at(block, loop)
+        sch.set_scope(block, 0, "local")
+    return block
+
+
+def accumulate_locally(sch: s_tir.Schedule, block, loop, write_back, vector_loop, unroll_loop, reduction_loop):
+    """Local padding, output side: a local accumulator tile per iteration of `loop`,
+    written back by `write_back` (the only output bound check) straight from it;
+    then the register tile's vector and unrolled loops, and its zero-init."""
+    accumulator = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(accumulator, loop)
+    if write_back is not None:
+        sch.reverse_compute_at(write_back, loop)
+        sch.compute_inline(accumulator)  # the write-back reads the local tile directly
+    sch.vectorize(vector_loop)
+    sch.unroll(unroll_loop)
+    sch.decompose_reduction(block, reduction_loop)

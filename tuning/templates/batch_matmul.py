@@ -16,7 +16,7 @@ import tvm
 from tvm import s_tir, te
 
 from tf_dietcode.tuning.micro_kernel import MicroKernel
-from tf_dietcode.tuning.templates import dim, optional_block
+from tf_dietcode.tuning.templates import accumulate_locally, dim, fetch_into_local, optional_block
 from tf_dietcode.tuning.workload import Workload
 
 COMPUTE_BLOCK = "acc"
@@ -51,25 +51,12 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     task = sch.fuse(p, j_task)
     sch.parallel(task)
 
-    panel = optional_block(sch, "y_pad")            # the task's y columns, [K, columns]
-    if panel is not None:
-        sch.compute_at(panel, task)
-        sch.set_scope(panel, 0, "local")
-        if workload.transpose_b:
-            sch.transform_layout(panel, ("write", 0), lambda q, c, d: (q, d, c))
-    rows = optional_block(sch, "x_pad")             # tile_m rows of x
-    if rows is not None:
-        sch.compute_at(rows, i_outer)
-        sch.set_scope(rows, 0, "local")
-    accumulator = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(accumulator, i_outer)
-    write_back = optional_block(sch, f"{COMPUTE_BLOCK}_pad")
-    if write_back is not None:
-        sch.reverse_compute_at(write_back, i_outer)
-        sch.compute_inline(accumulator)             # write-back reads the local tile directly
-    sch.vectorize(j_inner)
-    sch.unroll(i_inner)
-    sch.decompose_reduction(block, middle[0])
+    panel = fetch_into_local(sch, "y_pad", task)    # the task's y columns, laid out [K, columns]
+    if panel is not None and workload.transpose_b:
+        sch.transform_layout(panel, ("write", 0), lambda q, c, d: (q, d, c))
+    fetch_into_local(sch, "x_pad", i_outer)         # tile_m rows of x
+    accumulate_locally(sch, block, i_outer, optional_block(sch, f"{COMPUTE_BLOCK}_pad"),
+                       j_inner, i_inner, middle[0])
     return sch.mod
 
 

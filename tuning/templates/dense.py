@@ -15,7 +15,7 @@ import tvm
 from tvm import s_tir, te, tirx
 
 from tf_dietcode.tuning.micro_kernel import MicroKernel
-from tf_dietcode.tuning.templates import activation, dim, optional_block
+from tf_dietcode.tuning.templates import accumulate_locally, activation, dim, fetch_into_local, optional_block
 from tf_dietcode.tuning.workload import Workload
 
 COMPUTE_BLOCK = "acc"
@@ -75,17 +75,8 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     task = sch.fuse(i_outer, j_outer)
     sch.parallel(task)
 
-    fetch = optional_block(sch, "x_pad")            # input tile, zero padded past M
-    if fetch is not None:
-        sch.compute_at(fetch, task)
-        sch.set_scope(fetch, 0, "local")
-    accumulator = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(accumulator, task)
-    sch.reverse_compute_at(sch.get_sblock("out"), task)
-    sch.compute_inline(accumulator)                 # write-back reads the local tile directly
-    sch.vectorize(ji)
-    sch.unroll(i_inner)
-    sch.decompose_reduction(block, middle[0])
+    fetch_into_local(sch, "x_pad", task)            # x rows, zero padded past M
+    accumulate_locally(sch, block, task, sch.get_sblock("out"), ji, i_inner, middle[0])
     return sch.mod
 
 

@@ -1,11 +1,19 @@
-"""Plots of benchmark rows (dicts with workload, T, peer, speedup_vs_tensorflow)."""
+"""Benchmark rows (dicts with workload, T, peer, speedup_vs_tensorflow, ...) to CSV and plots."""
 
+import csv
 import pathlib
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def write_csv(rows: list[dict], path: pathlib.Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def speedup_by_t(rows, path: pathlib.Path, title: str) -> None:
