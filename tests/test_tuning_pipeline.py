@@ -182,3 +182,28 @@ def test_largest_shape_baseline_tunes_one_shape_and_serves_the_range():
     assert chosen.kernels[0] == fastest.kernel
     assert {chosen.kernel_index(WORKLOAD.dims_at((m,))) for m in range(1, 101)} == {0}
     assert chosen.kernel_index(WORKLOAD.dims_at((101,))) == -1
+
+
+@pytest.fixture
+def rpc_tracker():
+    """A TVM RPC tracker with one CPU server behind it, on loopback only."""
+    from tvm import rpc
+    from tvm.rpc.tracker import Tracker
+
+    tracker = Tracker(host="127.0.0.1", port=9190, port_end=9290, silent=True)
+    server = rpc.Server(host="127.0.0.1", port=9300, port_end=9400, tracker_addr=("127.0.0.1", tracker.port),
+                        key="test-cpu", silent=True)
+    yield tracker
+    server.terminate()
+    tracker.terminate()
+
+
+def test_rpc_runner_measures_through_a_tracker(rpc_tracker):
+    from tf_dietcode.tuning.runner import RPCRunner
+
+    workload = Workload("batch_matmul", (1, 20), (1, 20), 8, b=2)
+    runner = RPCRunner(hardware.detect(), "127.0.0.1", rpc_tracker.port, "test-cpu", repeats=2, min_repeat_ms=1)
+    result = search.search(workload, hardware.detect(), runner, search.SearchOptions(trials=3, batch=3, samples=2),
+                           progress=False)
+    assert len(result.measurements) == 3 * len(result.sample_shapes)
+    assert all(r.seconds and r.seconds > 0 and r.error is None for r in result.measurements)

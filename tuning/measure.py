@@ -42,18 +42,23 @@ def run(executable, arguments) -> None:
 
 def measure(executable, workload: Workload, kernel: MicroKernel, shapes: list[tuple[int, ...]],
             rng: np.random.Generator, repeats: int = 5, min_repeat_ms: int = 20) -> list[Measurement]:
-    """Median time of `executable` at each shape (warm-up excluded)."""
+    """Median time of a locally compiled kernel at each shape (warm-up excluded)."""
+    return measure_module(executable.mod, tvm.cpu(), workload, kernel, shapes, rng, repeats, min_repeat_ms)
+
+
+def measure_module(module, device, workload: Workload, kernel: MicroKernel, shapes: list[tuple[int, ...]],
+                   rng: np.random.Generator, repeats: int = 5, min_repeat_ms: int = 20) -> list[Measurement]:
+    """Median time of `module`'s "main" at each shape on `device` (local or over RPC)."""
     template = templates.for_workload(workload)
     results = []
     for shape in shapes:
-        # A fresh timer per shape: one timer keeps the call count it settled on
-        # for the first (smallest) shape, which makes large shapes take ages.
-        timer = executable.mod.time_evaluator("main", tvm.cpu(), number=1, repeat=repeats,
-                                              min_repeat_ms=min_repeat_ms)
         try:
+            # A fresh timer per shape: one timer keeps the call count it settled on
+            # for the first (smallest) shape, which makes large shapes take ages.
+            timer = module.time_evaluator("main", device, number=1, repeat=repeats, min_repeat_ms=min_repeat_ms)
             operands = template.random_operands(workload, workload.dims_at(shape), rng)
-            arguments = template.kernel_arguments(operands, workload, kernel)
-            run(executable, arguments)
+            arguments = template.kernel_arguments(operands, workload, kernel, device)
+            module["main"](*arguments)
             results.append(Measurement(kernel, tuple(shape), float(np.median(timer(*arguments).results))))
         except Exception as error:  # noqa: BLE001 - a failed candidate is data, not a crash
             results.append(Measurement(kernel, tuple(shape), None, f"{type(error).__name__}: {error}"))

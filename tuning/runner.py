@@ -1,9 +1,10 @@
 """Runners measure micro-kernels on real hardware; the search only sees records.
 
+Both have one method, run(workload, kernels, shapes, seed) -> [Measurement].
 LocalRunner measures in a child process (tuning/runner_worker.py) so that a
 candidate that hangs or crashes costs one timeout and is recorded as failed,
-never the tuning run. The child gets the machine's cores through TVM's thread
-pool, unpinned.
+never the tuning run; the child gets the machine's cores through TVM's thread
+pool, unpinned. RPCRunner measures on machines behind a TVM RPC tracker.
 """
 
 import dataclasses
@@ -74,3 +75,48 @@ class LocalRunner:
             worker.wait()
             selector.close()
         return finished
+
+
+@dataclasses.dataclass
+class RPCRunner:
+    """Measures on a machine registered with a TVM RPC tracker under `key`.
+
+    Kernels are compiled here for `hw` (the remote machine's limits and CPU),
+    exported, uploaded and timed there, so tuning can use more machines or a
+    remote target. A kernel that fails to build, upload or run is recorded.
+    """
+
+    hw: Hardware
+    tracker_host: str
+    tracker_port: int
+    key: str
+    repeats: int = 5
+    min_repeat_ms: int = 20
+    session_timeout_s: int = 600
+
+    def run(self, workload: Workload, kernels: list[MicroKernel], shapes: list[tuple[int, ...]],
+            seed: int = 0) -> list[Measurement]:
+        import tempfile
+
+        import numpy as np
+        from tvm import rpc
+
+        from tf_dietcode.tuning import measure
+
+        session = rpc.connect_tracker(self.tracker_host, self.tracker_port).request(
+            self.key, session_timeout=self.session_timeout_s)
+        rng = np.random.default_rng(seed)
+        results: list[Measurement] = []
+        with tempfile.TemporaryDirectory(prefix="tf-dietcode-rpc-") as scratch:
+            for index, kernel in enumerate(kernels):
+                try:
+                    library = f"{scratch}/kernel{index}.so"
+                    measure.compile_kernel(workload, kernel, self.hw).export_library(library)
+                    session.upload(library)
+                    module = session.load_module(f"kernel{index}.so")
+                    results.extend(measure.measure_module(module, session.cpu(), workload, kernel, shapes, rng,
+                                                          self.repeats, self.min_repeat_ms))
+                except Exception as error:  # noqa: BLE001 - a failed candidate is data
+                    results.extend(Measurement(kernel, tuple(s), None, f"{type(error).__name__}: {error}")
+                                   for s in shapes)
+        return results

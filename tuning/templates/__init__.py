@@ -2,7 +2,7 @@
 
     schedule(workload, kernel, dims=None) -> IRModule   (dims=None: dynamic dims symbolic)
     random_operands(workload, dims, rng) -> {name: array}
-    kernel_arguments(operands, workload, kernel) -> device tensors, output last
+    kernel_arguments(operands, workload, kernel, device=None) -> tensors on device (CPU), output last
     reference_output(operands, workload) -> float64 array
     task_count(workload, kernel, dims), computed_elements(workload, kernel, dims)
 """

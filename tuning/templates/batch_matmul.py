@@ -66,12 +66,12 @@ def random_operands(workload: Workload, dims: dict[str, int], rng: np.random.Gen
             "y": rng.uniform(-1, 1, (b, n, k) if workload.transpose_b else (b, k, n)).astype(np.float32)}
 
 
-def kernel_arguments(operands: dict[str, np.ndarray], workload: Workload, kernel: MicroKernel):
+def kernel_arguments(operands: dict[str, np.ndarray], workload: Workload, kernel: MicroKernel, device=None):
     del kernel  # no operand depends on the micro-kernel's layout
     x, y = operands["x"], operands["y"]
     n = y.shape[1] if workload.transpose_b else y.shape[2]
     arrays = [x, y, np.zeros((x.shape[0], x.shape[1], n), np.float32)]
-    return [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]
+    return [tvm.runtime.tensor(a, device or tvm.cpu()) for a in arrays]
 
 
 def reference_output(operands: dict[str, np.ndarray], workload: Workload) -> np.ndarray:

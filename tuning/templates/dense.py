@@ -88,13 +88,13 @@ def random_operands(workload: Workload, dims: dict[str, int], rng: np.random.Gen
     return operands
 
 
-def kernel_arguments(operands: dict[str, np.ndarray], workload: Workload, kernel: MicroKernel):
+def kernel_arguments(operands: dict[str, np.ndarray], workload: Workload, kernel: MicroKernel, device=None):
     """x, the packed weight, [bias] and a zeroed output, as device tensors."""
     arrays = [operands["x"], pack_weight(operands["w"], workload, kernel)]
     if workload.bias:
         arrays.append(operands["bias"])
     arrays.append(np.zeros((operands["x"].shape[0], workload.n.hi), np.float32))
-    return [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]
+    return [tvm.runtime.tensor(a, device or tvm.cpu()) for a in arrays]
 
 
 def reference_output(operands: dict[str, np.ndarray], workload: Workload) -> np.ndarray:
