@@ -207,3 +207,21 @@ def test_rpc_runner_measures_through_a_tracker(rpc_tracker):
                            progress=False)
     assert len(result.measurements) == 3 * len(result.sample_shapes)
     assert all(r.seconds and r.seconds > 0 and r.error is None for r in result.measurements)
+
+
+def test_plain_computations_match_the_references(rng):
+    """The per-shape baseline tunes the same computation the templates compute."""
+    from tf_dietcode.tuning import baselines, templates
+
+    for workload, shape in ((Workload("dense", (1, 9), 12, 8, bias=True, activation="gelu_tanh"), (5,)),
+                            (Workload("batch_matmul", (1, 9), (1, 9), 4, b=2, ties=("m", "n")), (7,)),
+                            (Workload("batch_matmul", (1, 9), 3, (1, 9), b=2, transpose_b=False), (6, 5))):
+        dims = workload.dims_at(shape)
+        template = templates.for_workload(workload)
+        operands = template.random_operands(workload, dims, rng)
+        expected = template.reference_output(operands, workload)
+        sch = tvm.s_tir.Schedule(tvm.IRModule({"main": baselines.plain_prim_func(workload, dims)}))
+        executable = tvm.compile(sch.mod, target=hardware.detect().target())
+        arguments = [tvm.runtime.tensor(a) for a in (*operands.values(), np.zeros(expected.shape, np.float32))]
+        executable.mod["main"](*arguments)
+        np.testing.assert_allclose(arguments[-1].numpy(), expected, rtol=1e-4, atol=1e-4)

@@ -1,12 +1,19 @@
-"""Baselines the DietCode search is compared with, built from the same parts.
+"""Baselines the DietCode search is compared with.
 
 largest_shape (Nimble-like): tune for the largest shape of the range only and
 let its best micro-kernel serve every shape (compiled with symbolic dims, so it
-runs anywhere in the range). Per-shape tuning (Ansor-like) is the DietCode
-search restricted to one static shape at a time: `search(..., shapes=[s])`.
+runs anywhere in the range).
+
+per_shape_metaschedule (Ansor-like): TVM's MetaSchedule tunes one static shape
+at a time from the plain computation (operands as the TF op gets them, no
+pre-packing), so each shape costs a full tuning run.
 """
 
+import time
+
 import numpy as np
+import tvm
+from tvm import te
 from sklearn.tree import DecisionTreeClassifier
 
 from tf_dietcode.tuning.database import Database
@@ -28,3 +35,44 @@ def largest_shape(workload: Workload, hw: Hardware, runner, options: SearchOptio
     tree = DecisionTreeClassifier().fit(np.zeros((1, max(len(workload.dynamic_dims), 1))), [0])
     gflops = workload.flops(workload.dims_at(largest)) / fastest.seconds / 1e9
     return result, Dispatch(workload, [fastest.kernel], tree, {largest: gflops})
+
+
+def plain_prim_func(workload: Workload, dims: dict[str, int]):
+    """The workload at fixed dims as TE: operands x, w|y, [bias]; no layout choice made."""
+    from tf_dietcode.tuning.templates import activation
+
+    b, m, n, k = (dims[d] for d in ("b", "m", "n", "k"))
+    r = te.reduce_axis((0, k), "k")
+    if workload.kind == "dense":
+        x = te.placeholder((m, k), "float32", name="x")
+        w = te.placeholder((n, k), "float32", name="w")
+        params = [x, w]
+        product = te.compute((m, n), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name="product")
+        if workload.bias:
+            bias = te.placeholder((n,), "float32", name="bias")
+            params.append(bias)
+        out = te.compute((m, n), lambda i, j: activation.apply(
+            workload.activation, product[i, j] + bias[j] if workload.bias else product[i, j]), name="out")
+        return te.create_prim_func([*params, out])
+    x = te.placeholder((b, m, k), "float32", name="x")
+    y = te.placeholder((b, n, k) if workload.transpose_b else (b, k, n), "float32", name="y")
+    if workload.transpose_b:
+        out = te.compute((b, m, n), lambda p, i, j: te.sum(x[p, i, r] * y[p, j, r], axis=r), name="out")
+    else:
+        out = te.compute((b, m, n), lambda p, i, j: te.sum(x[p, i, r] * y[p, r, j], axis=r), name="out")
+    return te.create_prim_func([x, y, out])
+
+
+def per_shape_metaschedule(workload: Workload, hw: Hardware, dims: dict[str, int], trials: int,
+                           work_dir: str, seed: int = 0):
+    """MetaSchedule's best kernel for these static dims, and the tuning wall time in seconds."""
+    from tvm.s_tir import meta_schedule as ms
+
+    mod = tvm.IRModule({"main": plain_prim_func(workload, dims)})
+    target = hw.target()
+    started = time.perf_counter()
+    database = ms.tune_tir(mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 16),
+                           num_tuning_cores=hw.cores, seed=seed)
+    schedule = ms.tir_integration.compile_tir(database, mod, target)
+    seconds = time.perf_counter() - started
+    return tvm.compile(schedule.mod, target=target), seconds
