@@ -30,8 +30,8 @@ from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E4
 from tf_dietcode import reference  # noqa: E402
 from tf_dietcode.tuning import baselines, bundle, hardware, measure, search, templates  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
+from tf_dietcode.tuning.dispatch import build_dispatch  # noqa: E402
 from tf_dietcode.tuning.runner import LocalRunner  # noqa: E402
-from tf_dietcode.tuning.tune import tune  # noqa: E402
 from tf_dietcode.tuning.workload import Workload  # noqa: E402
 
 # (name, workload, shape variables at sequence length T, the same product in TF ops)
@@ -67,14 +67,14 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     peak_gflops = peak.fma_peak_gflops(hw.cores)
 
-    workloads = [workload for _, workload, _, _ in CASES]
-    tuning_seconds = {}
+    tuning_seconds, results, dispatches = {}, [], []
     database = Database(args.out / "tuning.jsonl")
-    for name, workload, _, _ in CASES:  # one by one, to time each workload's tuning
+    for name, workload, _, _ in CASES:  # one by one, to time each workload's search and dispatch
         started = time.perf_counter()
-        search.search(workload, hw, LocalRunner(hw), options, database)
+        results.append(search.search(workload, hw, LocalRunner(hw), options, database))
+        dispatches.append(build_dispatch(results[-1]))
         tuning_seconds[name] = time.perf_counter() - started
-    tuned = tune(workloads, args.out / "bundle", options=options, database=database, progress=False)
+    bundle.build_bundle(dispatches, hw, args.out / "bundle", [r.sample_shapes for r in results], options.seed)
     largest_database = Database(args.out / "tuning_largest_shape.jsonl")
     largest = {}
     for name, workload, _, _ in CASES:
@@ -97,7 +97,7 @@ def main(argv=None):
 
     rows = []
     for w_index, name, workload, template, t, dims, _, operands in jobs:
-        dispatch = tuned.dispatches[w_index]
+        dispatch = dispatches[w_index]
         index = dispatch.kernel_index(dims)
         kernel = dispatch.kernels[index]
         arguments = template.kernel_arguments(operands, workload, kernel)

@@ -8,6 +8,7 @@ kernel bundle and prints which micro-kernel serves which M.
 """
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import sys
@@ -35,10 +36,8 @@ def _tune(args) -> int:
     from tf_dietcode.tuning.tune import tune
 
     workloads = _workloads(args)
-    options = search.QUICK if args.quick else search.SearchOptions()
-    if args.trials:
-        options = search.SearchOptions(**{**options.__dict__, "trials": args.trials})
-    options = search.SearchOptions(**{**options.__dict__, "seed": args.seed})
+    budget = search.QUICK if args.quick else search.SearchOptions()
+    options = dataclasses.replace(budget, trials=args.trials or budget.trials, seed=args.seed)
     started = time.perf_counter()
     report = tune(workloads, args.out, options=options, database=Database(args.db) if args.db else None)
     print(f"tuned {len(workloads)} workload(s) in {time.perf_counter() - started:.0f} s; bundle: {args.out}")

@@ -100,14 +100,21 @@ def observed_gflops(workload: Workload, record: Measurement) -> float:
     return workload.flops(workload.dims_at(record.shape)) / record.seconds / 1e9
 
 
-def kernel_throughputs(measurements: list[Measurement], model: CostModel) -> dict[MicroKernel, float]:
-    """Each measured kernel's f_MK: its observed GFLOP/s with shape effects divided out
-    (geometric mean over its shapes)."""
+def _normalized_logs(measurements: list[Measurement], workload: Workload, cores: int,
+                     k: float) -> dict[MicroKernel, list[float]]:
+    """Per kernel, log of each successful measurement's GFLOP/s divided by f_occ * f_pad."""
     logs: dict[MicroKernel, list[float]] = {}
     for record in measurements:
         if record.seconds:
-            normalized = observed_gflops(model.workload, record) / model.shape_factor(record.kernel, record.shape)
-            logs.setdefault(record.kernel, []).append(math.log(normalized))
+            factor = shape_factor(workload, record.kernel, record.shape, cores, k)
+            logs.setdefault(record.kernel, []).append(math.log(observed_gflops(workload, record) / factor))
+    return logs
+
+
+def kernel_throughputs(measurements: list[Measurement], model: CostModel) -> dict[MicroKernel, float]:
+    """Each measured kernel's f_MK: its observed GFLOP/s with shape effects divided out
+    (geometric mean over its shapes)."""
+    logs = _normalized_logs(measurements, model.workload, model.hw.cores, model.k)
     return {kernel: math.exp(sum(v) / len(v)) for kernel, v in logs.items()}
 
 
@@ -115,14 +122,8 @@ def fit_occupancy(measurements: list[Measurement], workload: Workload, cores: in
     """The k that makes each kernel's normalized throughput most constant across shapes."""
     best_k, best_spread = 1.0, math.inf
     for k in OCCUPANCY_GRID:
-        spread = 0.0
-        per_kernel: dict[MicroKernel, list[float]] = {}
-        for record in measurements:
-            factor = shape_factor(workload, record.kernel, record.shape, cores, k)
-            per_kernel.setdefault(record.kernel, []).append(
-                math.log(observed_gflops(workload, record) / factor))
-        for values in per_kernel.values():
-            spread += float(np.var(values)) * len(values)
+        logs = _normalized_logs(measurements, workload, cores, float(k))
+        spread = sum(float(np.var(values)) * len(values) for values in logs.values())
         if spread < best_spread - 1e-12:
             best_k, best_spread = float(k), spread
     return best_k

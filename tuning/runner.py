@@ -13,9 +13,14 @@ import os
 import selectors
 import subprocess
 import sys
+import tempfile
 import time
 
+import numpy as np
+from tvm import rpc
+
 from tf_dietcode.tuning.hardware import Hardware
+from tf_dietcode.tuning import measure
 from tf_dietcode.tuning.measure import Measurement
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -96,13 +101,6 @@ class RPCRunner:
 
     def run(self, workload: Workload, kernels: list[MicroKernel], shapes: list[tuple[int, ...]],
             seed: int = 0) -> list[Measurement]:
-        import tempfile
-
-        import numpy as np
-        from tvm import rpc
-
-        from tf_dietcode.tuning import measure
-
         session = rpc.connect_tracker(self.tracker_host, self.tracker_port).request(
             self.key, session_timeout=self.session_timeout_s)
         rng = np.random.default_rng(seed)
