@@ -55,6 +55,10 @@ class BuildOpLibrary(build_ext):
         cflags = [
             *tf.sysconfig.get_compile_flags(),
             "-I" + tvm_ffi.libinfo.find_include_path(),
+            "-I" + str(pathlib.Path(tvm.__file__).parent / "include"),
+            # BoringSSL's SHA-256, which libtensorflow_framework exports.
+            "-I" + str(pathlib.Path(tf.sysconfig.get_include()) / "external" / "boringssl" / "src" / "include"),
+            f'-DTF_DIETCODE_TVM_VERSION="{tvm.__version__}"',
             "-O3", "-march=native", "-DNDEBUG", "-fPIC", "-fvisibility=hidden",
             "-Wno-deprecated-declarations",
             *shlex.split(os.environ.get("TF_DIETCODE_CXXFLAGS", "")),

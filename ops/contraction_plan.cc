@@ -10,7 +10,6 @@ namespace tf_dietcode {
 namespace {
 
 using tensorflow::Status;
-using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::errors::InvalidArgument;
 using Dims = std::vector<int64_t>;
@@ -122,11 +121,11 @@ Status ValidatePermutation(const std::vector<int32_t>& perm, int rank) {
   return Status();
 }
 
-Status PlanBatchMatMul(const Tensor& x, const Tensor& y, bool adj_x,
-                       bool adj_y, float alpha, const Tensor* addend,
+Status PlanBatchMatMul(const TensorShape& x, const TensorShape& y, bool adj_x,
+                       bool adj_y, float alpha, const TensorShape* addend,
                        const std::vector<int32_t>& perm,
                        ContractionPlan* plan) {
-  const Dims xd = DimsOf(x.shape()), yd = DimsOf(y.shape());
+  const Dims xd = DimsOf(x), yd = DimsOf(y);
   if (xd.size() < 2 || yd.size() < 2) {
     return InvalidArgument("x and y need rank >= 2, got x ", Show(xd),
                            " and y ", Show(yd));
@@ -188,7 +187,7 @@ Status PlanBatchMatMul(const Tensor& x, const Tensor& y, bool adj_x,
   plan->alpha = alpha;
   plan->has_addend = addend != nullptr;
   if (addend != nullptr) {
-    const Dims ad = DimsOf(addend->shape());
+    const Dims ad = DimsOf(*addend);
     if (!BroadcastStrides(ad, product, &strides)) {
       return InvalidArgument("addend ", Show(ad),
                              " does not broadcast to the product ",
@@ -201,21 +200,43 @@ Status PlanBatchMatMul(const Tensor& x, const Tensor& y, bool adj_x,
   return Status();
 }
 
-Status PlanMatMul(const Tensor& a, const Tensor& b, const Tensor* bias,
-                  bool transpose_a, bool transpose_b, Activation activation,
+Status PlanMatMul(const TensorShape& a, const TensorShape& b,
+                  const TensorShape* bias, bool transpose_a, bool transpose_b,
+                  int64_t packed_n, Activation activation,
                   ContractionPlan* plan) {
-  if (a.dims() != 2 || b.dims() != 2) {
-    return InvalidArgument("a and b must be matrices, got a ",
-                           a.shape().DebugString(), " and b ",
-                           b.shape().DebugString());
+  const bool packed = packed_n > 0;
+  if (a.dims() != 2 || b.dims() != (packed ? 3 : 2)) {
+    return InvalidArgument(
+        "a must be a matrix and b a ",
+        packed ? "packed weight [blocks, K, tile_n]" : "matrix", ", got a ",
+        a.DebugString(), " and b ", b.DebugString());
   }
-  const int64_t n = b.dim_size(transpose_b ? 0 : 1);
+  TensorShape logical_b = b;
+  if (packed) {
+    if (transpose_b) {
+      return InvalidArgument("a packed b (packed_n > 0) has its own layout; ",
+                             "transpose_b must be false");
+    }
+    const int64_t tile_n = b.dim_size(2);
+    if (b.dim_size(0) * tile_n < packed_n) {
+      return InvalidArgument("packed b ", b.DebugString(), " holds ",
+                             b.dim_size(0) * tile_n, " columns, fewer than ",
+                             "packed_n=", packed_n);
+    }
+    logical_b = TensorShape({b.dim_size(1), packed_n});
+  }
+  const int64_t n = logical_b.dim_size(transpose_b ? 0 : 1);
   if (bias != nullptr && (bias->dims() != 1 || bias->dim_size(0) != n)) {
     return InvalidArgument("bias must have shape [", n, "] (N), got ",
-                           bias->shape().DebugString());
+                           bias->DebugString());
   }
-  TF_RETURN_IF_ERROR(PlanBatchMatMul(a, b, transpose_a, transpose_b, 1.0f,
-                                     bias, {}, plan));
+  TF_RETURN_IF_ERROR(PlanBatchMatMul(a, logical_b, transpose_a, transpose_b,
+                                     1.0f, bias, {}, plan));
+  if (packed) {
+    plan->ldb = b.dim_size(2);
+    plan->b_block_cols = b.dim_size(2);
+    plan->b_block_stride = b.dim_size(1) * b.dim_size(2);
+  }
   plan->activation = activation;
   return Status();
 }

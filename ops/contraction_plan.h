@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/platform/status.h"
 
@@ -27,6 +26,12 @@ struct ContractionPlan {
   int64_t m = 0, n = 0, k = 0;
   bool transpose_a = false, transpose_b = false;
   int64_t lda = 0, ldb = 0;  // row strides of a and b as stored
+
+  // A pre-packed b (DietcodeFusedMatMul with packed_n > 0) is stored as
+  // column blocks b_packed[NB, K, block_cols]: column j of op(b) starts at
+  // (j / block_cols) * b_block_stride + j % block_cols, rows ldb apart.
+  // b_block_cols == 0: b is one plain matrix.
+  int64_t b_block_cols = 0, b_block_stride = 0;
 
   // One entry per output matrix (the broadcast batch, flattened).
   std::vector<int64_t> a_offsets, b_offsets, out_offsets, addend_offsets;
@@ -47,20 +52,23 @@ struct ContractionPlan {
   int64_t batch() const { return static_cast<int64_t>(out_offsets.size()); }
 };
 
-// DietcodeFusedMatMul: a[M,K] (or [K,M]), b[K,N] (or [N,K]), optional bias[N].
-tensorflow::Status PlanMatMul(const tensorflow::Tensor& a,
-                              const tensorflow::Tensor& b,
-                              const tensorflow::Tensor* bias, bool transpose_a,
-                              bool transpose_b, Activation activation,
+// DietcodeFusedMatMul: a[M,K] (or [K,M]), b[K,N] (or [N,K]), optional
+// bias[N]. packed_n > 0: b is pre-packed [NB, K, tile_n] holding N = packed_n
+// columns (then transpose_b must be false).
+tensorflow::Status PlanMatMul(const tensorflow::TensorShape& a,
+                              const tensorflow::TensorShape& b,
+                              const tensorflow::TensorShape* bias,
+                              bool transpose_a, bool transpose_b,
+                              int64_t packed_n, Activation activation,
                               ContractionPlan* plan);
 
 // DietcodeFusedBatchMatMul{Add,Transpose}: x[..., M, K], y[..., K, N] with
 // BatchMatMulV2 broadcasting and adjoints, an optional addend broadcastable to
 // the product, and an optional permutation of the product's axes.
-tensorflow::Status PlanBatchMatMul(const tensorflow::Tensor& x,
-                                   const tensorflow::Tensor& y, bool adj_x,
-                                   bool adj_y, float alpha,
-                                   const tensorflow::Tensor* addend,
+tensorflow::Status PlanBatchMatMul(const tensorflow::TensorShape& x,
+                                   const tensorflow::TensorShape& y,
+                                   bool adj_x, bool adj_y, float alpha,
+                                   const tensorflow::TensorShape* addend,
                                    const std::vector<int32_t>& perm,
                                    ContractionPlan* plan);
 

@@ -1,11 +1,14 @@
 // CPU kernels of the Dietcode fused ops: read inputs and attrs into a
-// ContractionPlan, then run it. No mutable state: Compute is thread-safe.
-#include <mutex>
+// ContractionPlan, then run it on the bundle's tuned micro-kernel for the
+// shape, or on the generic kernel when none covers it. No mutable state:
+// Compute is thread-safe.
 #include <string>
 #include <vector>
 
 #include "contraction_plan.h"
 #include "generic_kernel.h"
+#include "kernel_bundle.h"
+#include "tuned_kernel.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/platform/logging.h"
@@ -31,15 +34,7 @@ class FusedContractionOp : public OpKernel {
     OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(bundle->shape()),
                 InvalidArgument("bundle must be a scalar string, got shape ",
                                 bundle->shape().DebugString()));
-    if (!bundle->scalar<tensorflow::tstring>()().empty()) {
-      // Tuned dispatch is not part of this build yet: say so once, and stay
-      // correct through the generic kernel.
-      std::call_once(bundle_warning_, [&] {
-        LOG(WARNING) << name() << ": kernel bundle '"
-                     << bundle->scalar<tensorflow::tstring>()()
-                     << "' ignored; this build runs the generic kernel only";
-      });
-    }
+    const std::string bundle_path(bundle->scalar<tensorflow::tstring>()());
 
     ContractionPlan plan;
     const Tensor *a, *b, *addend = nullptr;
@@ -47,6 +42,13 @@ class FusedContractionOp : public OpKernel {
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, plan.out_shape, &out));
     if (out->NumElements() == 0) return;
+    if (!bundle_path.empty()) {
+      const auto tuned = KernelBundle::Get(bundle_path);
+      if (tuned->problem().empty() &&
+          RunTunedContraction(ctx, *tuned, plan, *a, *b, addend, out)) {
+        return;
+      }
+    }
     RunGenericContraction(ctx, plan, a->flat<float>().data(),
                           b->flat<float>().data(),
                           addend ? addend->flat<float>().data() : nullptr,
@@ -56,9 +58,6 @@ class FusedContractionOp : public OpKernel {
  protected:
   virtual Status Plan(OpKernelContext* ctx, const Tensor** a, const Tensor** b,
                       const Tensor** addend, ContractionPlan* plan) = 0;
-
- private:
-  std::once_flag bundle_warning_;
 };
 
 class FusedMatMulOp : public FusedContractionOp {
@@ -68,6 +67,7 @@ class FusedMatMulOp : public FusedContractionOp {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("transpose_a", &transpose_a_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("transpose_b", &transpose_b_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("activation", &activation));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("packed_n", &packed_n_));
     activation_ = ParseActivation(activation);
   }
 
@@ -82,12 +82,14 @@ class FusedMatMulOp : public FusedContractionOp {
       return InvalidArgument("at most one bias, got ", bias.size());
     }
     if (bias.size() == 1) *addend = &bias[0];
-    return PlanMatMul(**a, **b, *addend, transpose_a_, transpose_b_,
-                      activation_, plan);
+    return PlanMatMul((*a)->shape(), (*b)->shape(),
+                      *addend ? &(*addend)->shape() : nullptr, transpose_a_,
+                      transpose_b_, packed_n_, activation_, plan);
   }
 
  private:
   bool transpose_a_, transpose_b_;
+  int64_t packed_n_;
   Activation activation_;
 };
 
@@ -113,8 +115,9 @@ class FusedBatchMatMulOp : public FusedContractionOp {
     TF_RETURN_IF_ERROR(ctx->input("x", x));
     TF_RETURN_IF_ERROR(ctx->input("y", y));
     if (has_addend_) TF_RETURN_IF_ERROR(ctx->input("addend", addend));
-    return PlanBatchMatMul(**x, **y, adj_x_, adj_y_, alpha_, *addend, perm_,
-                           plan);
+    return PlanBatchMatMul((*x)->shape(), (*y)->shape(), adj_x_, adj_y_,
+                           alpha_, *addend ? &(*addend)->shape() : nullptr,
+                           perm_, plan);
   }
 
  private:
@@ -123,6 +126,25 @@ class FusedBatchMatMulOp : public FusedContractionOp {
   std::vector<int32_t> perm_;
 };
 
+// Calls per tuned kernel and generic calls of one bundle, as JSON.
+class BundleStatsOp : public OpKernel {
+ public:
+  explicit BundleStatsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& bundle = ctx->input(0);
+    OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(bundle.shape()),
+                InvalidArgument("bundle must be a scalar string"));
+    Tensor* stats;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {}, &stats));
+    stats->scalar<tensorflow::tstring>()() =
+        KernelBundle::Get(std::string(bundle.scalar<tensorflow::tstring>()()))
+            ->StatsJson();
+  }
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("DietcodeBundleStats").Device(tensorflow::DEVICE_CPU), BundleStatsOp);
 REGISTER_KERNEL_BUILDER(
     Name("DietcodeFusedMatMul").Device(tensorflow::DEVICE_CPU), FusedMatMulOp);
 REGISTER_KERNEL_BUILDER(

@@ -23,6 +23,26 @@ Status BundleIsScalar(InferenceContext* c) {
   return c->WithRank(c->input(c->num_inputs() - 1), 0, &unused);
 }
 
+// a[M, K] (or [K, M]) times a packed b[blocks, K, tile_n] -> [M, packed_n].
+Status PackedMatMulShape(InferenceContext* c, int64_t packed_n) {
+  bool transpose_a, transpose_b;
+  TF_RETURN_IF_ERROR(c->GetAttr("transpose_a", &transpose_a));
+  TF_RETURN_IF_ERROR(c->GetAttr("transpose_b", &transpose_b));
+  if (transpose_b) {
+    return tensorflow::errors::InvalidArgument(
+        "a packed b (packed_n > 0) has its own layout; transpose_b must be "
+        "false");
+  }
+  ShapeHandle a, b;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &a));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 3, &b));
+  DimensionHandle k;
+  TF_RETURN_IF_ERROR(
+      c->Merge(c->Dim(a, transpose_a ? 0 : 1), c->Dim(b, 1), &k));
+  c->set_output(0, c->Matrix(c->Dim(a, transpose_a ? 1 : 0), packed_n));
+  return Status();
+}
+
 Status FusedMatMulShape(InferenceContext* c) {
   int num_bias;
   TF_RETURN_IF_ERROR(c->GetAttr("num_bias", &num_bias));
@@ -30,7 +50,13 @@ Status FusedMatMulShape(InferenceContext* c) {
     return tensorflow::errors::InvalidArgument(
         "DietcodeFusedMatMul takes at most one bias, got ", num_bias);
   }
-  TF_RETURN_IF_ERROR(tensorflow::shape_inference::MatMulShape(c));
+  int64_t packed_n;
+  TF_RETURN_IF_ERROR(c->GetAttr("packed_n", &packed_n));
+  if (packed_n == 0) {
+    TF_RETURN_IF_ERROR(tensorflow::shape_inference::MatMulShape(c));
+  } else {
+    TF_RETURN_IF_ERROR(PackedMatMulShape(c, packed_n));
+  }
   if (num_bias == 1) {
     ShapeHandle bias;
     TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &bias));
@@ -77,15 +103,29 @@ REGISTER_OP("DietcodeFusedMatMul")
     .Attr("transpose_b: bool = false")
     .Attr("activation: {'none', 'relu', 'tanh', 'sigmoid', 'gelu', "
           "'gelu_tanh'} = 'none'")
+    .Attr("packed_n: int >= 0 = 0")
     .SetShapeFn(FusedMatMulShape)
     .Doc(R"doc(
 act(op(a) @ op(b) + bias): a dense layer in one op.
 
 a: [M, K], or [K, M] with transpose_a.
-b: [K, N], or [N, K] with transpose_b.
+b: [K, N], or [N, K] with transpose_b; with packed_n > 0 a pre-packed weight
+  [blocks, K, tile_n] (tuned dense kernels read this layout) holding
+  N = packed_n columns, zero padded.
 bias: zero or one vector of shape [N].
 bundle: scalar path of a tuned kernel bundle, "" for none.
 activation: 'gelu' is the exact (erf) form, 'gelu_tanh' the tanh approximation.
+)doc");
+
+REGISTER_OP("DietcodeBundleStats")
+    .Input("bundle: string")
+    .Output("stats: string")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+How a kernel bundle is used in this process, as JSON: its path, why it is
+not used ("problem", empty when it is), calls per tuned kernel by workload,
+and calls that ran the generic kernel. For tests and debugging.
 )doc");
 
 REGISTER_OP("DietcodeFusedBatchMatMulAdd")

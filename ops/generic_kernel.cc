@@ -75,6 +75,24 @@ void Gemm(const ContractionPlan& p, const float* a, const float* b,
   }
 }
 
+// c[rows, cols] = op(a)[rows, k] @ op(b)[k, col0:col0+cols]; `b` points at
+// the batch's b. A packed b is walked block by block.
+void GemmColumns(const ContractionPlan& p, const float* a, const float* b,
+                 int64_t rows, int64_t col0, int64_t cols, float* c,
+                 int64_t ldc) {
+  if (p.b_block_cols == 0) {
+    Gemm(p, a, b + col0 * (p.transpose_b ? p.ldb : 1), rows, cols, c, ldc);
+    return;
+  }
+  for (int64_t j = col0; j < col0 + cols;) {
+    const int64_t in_block = j % p.b_block_cols;
+    const int64_t width = std::min(p.b_block_cols - in_block, col0 + cols - j);
+    Gemm(p, a, b + (j / p.b_block_cols) * p.b_block_stride + in_block, rows,
+         width, c + (j - col0), ldc);
+    j += width;
+  }
+}
+
 // Computes one tile: product, epilogue, and placement in the output. Tiles
 // whose rows are contiguous in the output are computed in place; others (an
 // output permutation that moves the last axis) go through `scratch`.
@@ -84,8 +102,6 @@ void RunTile(const ContractionPlan& p, const float* a, const float* b,
              std::vector<float>* scratch) {
   const float* a_tile =
       a + p.a_offsets[batch] + row0 * (p.transpose_a ? 1 : p.lda);
-  const float* b_tile =
-      b + p.b_offsets[batch] + col0 * (p.transpose_b ? p.ldb : 1);
   float* out_tile = out + p.out_offsets[batch] + row0 * p.out_row_stride +
                     col0 * p.out_col_stride;
   const bool in_place = p.out_col_stride == 1;
@@ -96,7 +112,7 @@ void RunTile(const ContractionPlan& p, const float* a, const float* b,
     c = scratch->data();
     ldc = cols;
   }
-  Gemm(p, a_tile, b_tile, rows, cols, c, ldc);
+  GemmColumns(p, a_tile, b + p.b_offsets[batch], rows, col0, cols, c, ldc);
 
   if (HasEpilogue(p)) {
     for (int64_t i = 0; i < rows; ++i) {

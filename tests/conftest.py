@@ -50,3 +50,20 @@ def assert_matches_reference(actual, reference_fn, inputs, **attrs):
 def _linear(attrs):
     """The magnitude bound is taken before the activation."""
     return {"activation": "none"} if "activation" in attrs else {}
+
+
+@pytest.fixture(scope="session")
+def tuned_bundle(tmp_path_factory):
+    """A quick-tuned bundle: dense (bias, relu), batch matmul NT and NN.
+    Returns the bundle's path and the tuning report (its trees decide the kernels)."""
+    from tf_dietcode.tuning import search
+    from tf_dietcode.tuning.tune import tune
+    from tf_dietcode.tuning.workload import Workload
+
+    workloads = [Workload("dense", (1, 40), 40, 24, bias=True, activation="relu"),
+                 Workload("batch_matmul", (1, 20), (1, 20), 8, b=3, ties=("m", "n")),
+                 Workload("batch_matmul", (1, 16), 12, (1, 16), b=2, transpose_b=False, ties=("m", "k"))]
+    path = tmp_path_factory.mktemp("tuned") / "bundle"
+    report = tune(workloads, path, options=search.SearchOptions(trials=4, batch=4, samples=3, seed=SEED % 1000),
+                  progress=False)
+    return path, report

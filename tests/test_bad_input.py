@@ -11,7 +11,7 @@ InvalidArgument = tf.errors.InvalidArgumentError
 
 
 def test_matmul_rank(rng):
-    with pytest.raises(InvalidArgument, match="must be matrices"):
+    with pytest.raises(InvalidArgument, match="must be a matrix"):
         ops.fused_matmul(random_tensor(rng, (2, 3, 4)), random_tensor(rng, (4, 5)))
 
 
@@ -93,6 +93,18 @@ def test_misaligned_and_strided_views_compute_correctly(rng):
         np.testing.assert_allclose(ops.fused_matmul(a, b), tf.matmul(a, b), rtol=1e-5, atol=1e-5)
 
 
-def test_a_bundle_path_without_tuned_dispatch_still_computes_correctly(rng):
+def test_a_missing_bundle_still_computes_correctly(rng):
     a, b = random_tensor(rng, (9, 16)), random_tensor(rng, (16, 4))
     np.testing.assert_allclose(ops.fused_matmul(a, b, bundle="/no/such/bundle"), a @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("b_shape,transpose_b,match", [
+    ((2, 16, 4), True, "transpose_b must be false"),
+    ((2, 16, 4), False, "holds 8 columns, fewer than packed_n=9"),
+    ((16, 36), False, "packed weight"),
+    ((2, 15, 8), False, "contraction dims differ"),
+])
+def test_packed_weight_mismatches(rng, b_shape, transpose_b, match):
+    a, b = random_tensor(rng, (3, 16)), random_tensor(rng, b_shape)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=match):
+        ops.fused_matmul(a, b, transpose_b=transpose_b, packed_n=9)

@@ -101,3 +101,27 @@ def test_non_finite_values_propagate_like_tf(rng, activation):
     finite = np.isfinite(expected)
     np.testing.assert_array_equal(actual[~finite & ~np.isnan(expected)], expected[~finite & ~np.isnan(expected)])
     np.testing.assert_allclose(actual[finite], expected[finite], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m,k,n,tile_n,blocks", [(1, 768, 2304, 16, 144), (17, 24, 40, 16, 4),
+                                                 (5, 7, 9, 4, 3), (0, 8, 3, 2, 2), (6, 0, 5, 8, 1)])
+def test_pre_packed_weight(rng, m, k, n, tile_n, blocks):
+    """The generic kernel reads the tuned kernels' packed layout too (shapes
+    outside every tuned range), padding included."""
+    from tf_dietcode.tuning.templates import dense
+
+    a, w, bias = random_tensor(rng, (m, k)), random_tensor(rng, (n, k)), random_tensor(rng, (n,))
+    packed = dense.pack_weight(w, tile_n, blocks)
+    actual = ops.fused_matmul(a, packed, bias, activation="gelu", packed_n=n)
+    assert_matches_reference(actual, reference.fused_matmul, [a, w, bias], transpose_b=True, activation="gelu")
+    np.testing.assert_array_equal(reference.unpack_weight(packed, n).numpy(), w.T)
+
+
+def test_pre_packed_weight_shape_inference():
+    @tf.function(input_signature=[tf.TensorSpec([None, 24], tf.float32), tf.TensorSpec([None, 24, 16], tf.float32)])
+    def layer(a, packed):
+        out = ops.fused_matmul(a, packed, packed_n=40)
+        assert out.shape.as_list() == [None, 40]
+        return out
+
+    layer.get_concrete_function()

@@ -18,6 +18,10 @@ CASES = {
     "matmul_no_bias_sigmoid": (lambda a, b: ops.fused_matmul(a, b, activation="sigmoid"),
                                lambda a, b: reference.fused_matmul(a, b, activation="sigmoid"),
                                [(2, 3), (3, 4)]),
+    "matmul_packed_weight": (
+        lambda a, b, bias: ops.fused_matmul(a, b, bias, activation="relu", packed_n=5),
+        lambda a, b, bias: reference.fused_matmul(a, b, bias, activation="relu", packed_n=5),
+        [(3, 4), (3, 4, 2), (5,)]),
     "batch_matmul_add": (
         lambda x, y, mask: ops.fused_batch_matmul_add(x, y, mask, adj_y=True, alpha=0.5),
         lambda x, y, mask: reference.fused_batch_matmul_add(x, y, mask, adj_y=True, alpha=0.5),

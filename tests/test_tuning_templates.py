@@ -73,8 +73,9 @@ def test_pack_weight_layout(rng):
     workload = WORKLOADS[0]
     kernel = micro_kernel.MicroKernel(4, 16, 48, 2, True)
     w = rng.uniform(-1, 1, (40, 48)).astype(np.float32)
-    packed = dense.pack_weight(w, workload, kernel)
-    assert packed.shape == (4, 48, 16)  # 40 columns -> 2 tasks of 2 blocks of 16
+    assert dense.weight_blocks(workload, kernel) == 4  # 40 columns -> 2 tasks of 2 blocks of 16
+    packed = dense.pack_weight(w, kernel.tile_n, 4)
+    assert packed.shape == (4, 48, 16)
     for j in range(64):
         np.testing.assert_array_equal(packed[j // 16, :, j % 16], w[j] if j < 40 else 0)
 

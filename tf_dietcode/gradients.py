@@ -26,7 +26,7 @@ def _batch_attrs(op):
 @tf.RegisterGradient("DietcodeFusedMatMul")
 def _fused_matmul_gradient(op, grad):
     attrs = {"transpose_a": op.get_attr("transpose_a"), "transpose_b": op.get_attr("transpose_b"),
-             "activation": op.get_attr("activation").decode()}
+             "activation": op.get_attr("activation").decode(), "packed_n": op.get_attr("packed_n")}
     operands = list(op.inputs[:-1])  # a, b and the optional bias; not the bundle path
     grads = _vjp(lambda a, b, *bias: reference.fused_matmul(a, b, *bias, **attrs), operands, grad)
     return [*grads, None]

@@ -5,6 +5,7 @@ Each wrapper checks dtypes, loads the op library on first use and calls the op;
 SavedModel asset), "" for the generic kernel.
 """
 
+import json
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -34,13 +35,17 @@ def _activation_name(activation: str | None) -> str:
 def fused_matmul(a: TensorLike, b: TensorLike, bias: TensorLike | None = None, *,
                  transpose_a: bool = False, transpose_b: bool = False,
                  activation: str | None = None, bundle: TensorLike = "",
-                 name: str | None = None) -> tf.Tensor:
-    """activation(op(a) @ op(b) + bias) in one op: a[M,K] (or [K,M]), b[K,N] (or [N,K]), bias[N]."""
+                 packed_n: int = 0, name: str | None = None) -> tf.Tensor:
+    """activation(op(a) @ op(b) + bias) in one op: a[M,K] (or [K,M]), b[K,N] (or [N,K]), bias[N].
+
+    With packed_n = N > 0, b is a pre-packed weight [blocks, K, tile_n] (the
+    layout tuned dense kernels read, see tuning.templates.dense.pack_weight).
+    """
     return load_op_library().dietcode_fused_mat_mul(
         a=_float32(a, "a"), b=_float32(b, "b"),
         bias=[] if bias is None else [_float32(bias, "bias")],
         bundle=bundle, transpose_a=transpose_a, transpose_b=transpose_b,
-        activation=_activation_name(activation), name=name)
+        activation=_activation_name(activation), packed_n=packed_n, name=name)
 
 
 def fused_batch_matmul_add(x: TensorLike, y: TensorLike, addend: TensorLike, *,
@@ -59,3 +64,9 @@ def fused_batch_matmul_transpose(x: TensorLike, y: TensorLike, perm: Sequence[in
     return load_op_library().dietcode_fused_batch_mat_mul_transpose(
         x=_float32(x, "x"), y=_float32(y, "y"), bundle=bundle,
         perm=[int(p) for p in perm], adj_x=adj_x, adj_y=adj_y, alpha=alpha, name=name)
+
+
+def bundle_stats(bundle: str) -> dict:
+    """How this process uses a kernel bundle: "problem" (why it is not used,
+    "" when it is), calls per tuned kernel of each workload, generic calls."""
+    return json.loads(load_op_library().dietcode_bundle_stats(bundle=bundle).numpy())

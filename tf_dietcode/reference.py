@@ -18,7 +18,15 @@ ACTIVATIONS = {
 }
 
 
-def fused_matmul(a, b, bias=None, *, transpose_a=False, transpose_b=False, activation="none"):
+def unpack_weight(packed, n):
+    """A pre-packed b[blocks, K, tile_n] as the [K, N] matrix it holds."""
+    k = tf.shape(packed)[1]
+    return tf.reshape(tf.transpose(packed, [1, 0, 2]), [k, -1])[:, :n]
+
+
+def fused_matmul(a, b, bias=None, *, transpose_a=False, transpose_b=False, activation="none", packed_n=0):
+    if packed_n:
+        b = unpack_weight(b, packed_n)
     product = tf.linalg.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
     if bias is not None:
         product = tf.nn.bias_add(product, bias)

@@ -27,13 +27,13 @@ def weight_blocks(workload: Workload, kernel: MicroKernel) -> int:
     return tasks * kernel.task_n
 
 
-def pack_weight(weight: np.ndarray, workload: Workload, kernel: MicroKernel) -> np.ndarray:
-    """w[N, K] -> wp[NB, K, tile_n], zero padded past N."""
-    n, k = workload.n.hi, workload.k.hi
-    blocks = weight_blocks(workload, kernel)
-    padded = np.zeros((blocks * kernel.tile_n, k), dtype=np.float32)
+def pack_weight(weight: np.ndarray, tile_n: int, blocks: int) -> np.ndarray:
+    """w[N, K] -> wp[blocks, K, tile_n], zero padded past N: the layout of the
+    kernels and of DietcodeFusedMatMul's b with packed_n = N."""
+    n, k = weight.shape
+    padded = np.zeros((blocks * tile_n, k), dtype=np.float32)
     padded[:n] = weight
-    return np.ascontiguousarray(padded.reshape(blocks, kernel.tile_n, k).transpose(0, 2, 1))
+    return np.ascontiguousarray(padded.reshape(blocks, tile_n, k).transpose(0, 2, 1))
 
 
 def prim_func(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | None = None) -> tirx.PrimFunc:
@@ -90,7 +90,7 @@ def random_operands(workload: Workload, dims: dict[str, int], rng: np.random.Gen
 
 def kernel_arguments(operands: dict[str, np.ndarray], workload: Workload, kernel: MicroKernel, device=None):
     """x, the packed weight, [bias] and a zeroed output, as device tensors."""
-    arrays = [operands["x"], pack_weight(operands["w"], workload, kernel)]
+    arrays = [operands["x"], pack_weight(operands["w"], kernel.tile_n, weight_blocks(workload, kernel))]
     if workload.bias:
         arrays.append(operands["bias"])
     arrays.append(np.zeros((operands["x"].shape[0], workload.n.hi), np.float32))

@@ -1,0 +1,102 @@
+"""The fused ops running a bundle's tuned kernels, against the same kernels
+called directly: the cost of going through TF, dispatch included.
+
+    python -m bench.in_op_dispatch [--bundle bench/results/bundle] [--quick]
+
+Uses the bundle `python -m bench.tuned_kernels` writes (its workloads in the
+order of bench.tuned_kernels.CASES). At each T, times the op in-graph
+(bench.in_graph_timing) and the kernel the bundle's tree picks for that shape
+through TVM's time_evaluator (no Python, no TF), both on 2 threads. The
+in-graph loop has a cost of its own (the loop step and an identity per input),
+measured with one tf.identity in place of the op; the op's overhead is
+op - kernel - that loop cost. Writes in_op_dispatch.csv.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import pathlib
+
+os.environ.setdefault("TVM_NUM_THREADS", "2")
+os.environ.setdefault("TVM_BIND_THREADS", "0")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tvm  # noqa: E402
+
+from bench import in_graph_timing, report  # noqa: E402
+from bench.tuned_kernels import CASES, tvm_seconds  # noqa: E402
+from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
+from tf_dietcode import ops  # noqa: E402
+from tf_dietcode.tuning import bundle, templates  # noqa: E402
+from tf_dietcode.tuning.micro_kernel import MicroKernel  # noqa: E402
+from tf_dietcode.tuning.templates import dense  # noqa: E402
+from tf_dietcode.tuning.workload import DIMS, Workload  # noqa: E402
+
+
+def op_call(workload: Workload, entry: dict, path: str, operands: dict[str, np.ndarray]):
+    """The fused op computing the workload with the bundle, and its inputs."""
+    if workload.kind == "dense":
+        layout = entry["weight_layout"]
+        packed = dense.pack_weight(operands["w"], layout["tile_n"], layout["blocks"])
+        inputs = [tf.constant(operands["x"]), tf.constant(packed), tf.constant(operands["bias"])]
+        return (lambda x, w, b: ops.fused_matmul(x, w, b, packed_n=workload.n.hi, bundle=path)), inputs
+    inputs = [tf.constant(operands["x"]), tf.constant(operands["y"])]
+    return (lambda x, y: ops.fused_batch_matmul_transpose(x, y, [0, 1, 2], adj_y=workload.transpose_b,
+                                                          bundle=path)), inputs
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", type=pathlib.Path, default=pathlib.Path("bench/results/bundle"))
+    parser.add_argument("--quick", action="store_true", help="a few T")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
+    args = parser.parse_args(argv)
+    manifest_path = args.bundle / bundle.MANIFEST
+    if not manifest_path.exists():
+        raise SystemExit(f"no bundle at {args.bundle}: run `python -m bench.tuned_kernels` first")
+    tf.config.threading.set_intra_op_parallelism_threads(2)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    manifest = json.loads(manifest_path.read_text())
+    library = ctypes.CDLL(str(args.bundle / bundle.LIBRARY))
+    module = tvm.runtime.load_module(str(args.bundle / bundle.LIBRARY))
+    rng = np.random.default_rng(0)
+    path = str(args.bundle)
+
+    rows = []
+    for w_index, (entry, (name, _, shape_at, _)) in enumerate(zip(manifest["workloads"], CASES)):
+        workload = Workload.from_key(entry["key"])
+        template = templates.for_workload(workload)
+        dispatch = getattr(library, entry["dispatch"])
+        dispatch.restype, dispatch.argtypes = ctypes.c_int64, [ctypes.c_int64] * len(DIMS)
+        for t in QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS:
+            dims = workload.dims_at(shape_at(t))
+            index = dispatch(*(dims[d] for d in DIMS))
+            kernel_entry = entry["kernels"][index]
+            kernel = MicroKernel(**kernel_entry["params"])
+            operands = template.random_operands(workload, dims, rng)
+            compute, inputs = op_call(workload, entry, path, operands)
+            op_seconds = in_graph_timing.seconds_per_call(compute, inputs, repeats=9)
+            loop_seconds = in_graph_timing.seconds_per_call(lambda *xs: tf.identity(xs[0]), inputs, repeats=9)
+            kernel_seconds = tvm_seconds(module, kernel_entry["symbol"],
+                                         template.kernel_arguments(operands, workload, kernel))
+            overhead = op_seconds - loop_seconds - kernel_seconds
+            rows.append({"workload": name, "T": t, "kernel": kernel_entry["name"],
+                         "op_us": op_seconds * 1e6, "loop_us": loop_seconds * 1e6,
+                         "kernel_us": kernel_seconds * 1e6, "overhead_us": overhead * 1e6,
+                         "op_over_kernel": (op_seconds - loop_seconds) / kernel_seconds})
+            print(f"{name:34s} T={t:4d} {kernel_entry['name']:>20s} op {op_seconds * 1e6:9.1f} us  "
+                  f"loop {loop_seconds * 1e6:5.1f} us  kernel {kernel_seconds * 1e6:9.1f} us  "
+                  f"overhead {overhead * 1e6:7.1f} us  (op - loop) / kernel {rows[-1]['op_over_kernel']:.3f}")
+    stats = ops.bundle_stats(path)
+    if stats["generic_calls"]:
+        raise SystemExit(f"{stats['generic_calls']} op calls ran the generic kernel: the bundle did not cover them")
+    args.out.mkdir(parents=True, exist_ok=True)
+    report.write_csv(rows, args.out / "in_op_dispatch.csv")
+    print(f"wrote {args.out / 'in_op_dispatch.csv'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+// Tuned kernel bundles (written by tf_dietcode.tuning.bundle) inside the op
+// library: found by path, checked, loaded once per process, then immutable.
+//
+// A bundle is a manifest.json beside a kernels.so. Before the library is
+// loaded the manifest must parse, have the known format, target this CPU
+// (target kind and every SIMD feature it was compiled for), name a TVM with
+// this runtime's major.minor version, and carry the library's SHA-256. A
+// bundle that fails any check is kept as "rejected" with the reason, logged
+// once, and every call that names it runs the generic kernel.
+#ifndef TF_DIETCODE_OPS_KERNEL_BUNDLE_H_
+#define TF_DIETCODE_OPS_KERNEL_BUNDLE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "contraction_plan.h"
+#include "tvm/ffi/function.h"
+#include "tvm_bridge.h"
+
+namespace tf_dietcode {
+
+enum class TunedKind { kDense, kBatchMatMul };
+enum Dim { kB = 0, kM, kN, kK, kNumDims };
+
+// A call as tuned workloads see it, derived from the op's plan.
+struct TunedCall {
+  TunedKind kind = TunedKind::kDense;
+  int64_t dims[kNumDims] = {0, 0, 0, 0};
+  bool transpose_b = false;
+  bool bias = false;
+  Activation activation = Activation::kNone;
+  int64_t packed_blocks = 0, packed_tile_n = 0;  // dense: b's packed layout
+};
+
+// One tuned workload of a bundle: what it computes, its micro-kernels, and
+// its compiled decision tree.
+struct TunedWorkload {
+  using DispatchFn = int64_t (*)(int64_t, int64_t, int64_t, int64_t);
+
+  TunedKind kind = TunedKind::kDense;
+  bool transpose_b = false;
+  bool bias = false;
+  Activation activation = Activation::kNone;
+  int64_t packed_blocks = 0, packed_tile_n = 0;
+  DispatchFn dispatch = nullptr;  // -1 outside the tuned ranges
+  std::vector<tvm::ffi::Function> kernels;
+  std::vector<std::string> kernel_names;
+  std::unique_ptr<std::atomic<int64_t>[]> calls;  // per kernel, for stats
+
+  // Same computation and operand layout (ranges are the dispatch's job).
+  bool Computes(const TunedCall& call) const;
+};
+
+class KernelBundle {
+ public:
+  // The bundle at `path` (its manifest.json, or the directory holding it),
+  // loaded and checked on first use; never null.
+  static std::shared_ptr<const KernelBundle> Get(const std::string& path);
+
+  // Why the bundle cannot be used; empty when it can.
+  const std::string& problem() const { return problem_; }
+
+  struct Choice {
+    const TunedWorkload* workload = nullptr;  // null: use the generic kernel
+    int64_t kernel = -1;
+  };
+  // The first workload that computes `call` and whose tree covers its dims.
+  // Counts the choice (a generic call when none fits).
+  Choice Choose(const TunedCall& call) const;
+
+  // Counts a call that no tuned workload could compute as planned.
+  void CountGenericCall() const {
+    generic_calls_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  ParallelLaunchHook* parallel_launch_hook() const { return hook_; }
+
+  // Calls per kernel and generic calls, as JSON, for tests and debugging.
+  std::string StatsJson() const;
+
+ private:
+  explicit KernelBundle(std::string path) : path_(std::move(path)) {}
+  void Load();
+
+  std::string path_;
+  std::string problem_;
+  std::vector<std::unique_ptr<TunedWorkload>> workloads_;
+  ParallelLaunchHook* hook_ = nullptr;
+  mutable std::atomic<int64_t> generic_calls_{0};
+};
+
+}  // namespace tf_dietcode
+
+#endif  // TF_DIETCODE_OPS_KERNEL_BUNDLE_H_

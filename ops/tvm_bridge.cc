@@ -1,0 +1,97 @@
+#include "tvm_bridge.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+
+#include "absl/synchronization/blocking_counter.h"
+#include "tensorflow/core/platform/logging.h"
+#include "tvm/ffi/c_api.h"
+#include "tvm/runtime/c_backend_api.h"
+
+namespace tf_dietcode {
+namespace {
+
+thread_local const tensorflow::DeviceBase::CpuWorkerThreads* intra_op_pool =
+    nullptr;
+
+// TVM's parallel-launch contract: run flambda(task, env, cdata) for every
+// task < env.num_task, return when all are done: 0, or -1 if any failed.
+// One task per intra-op thread, as the kernels were tuned (TVM's pool also
+// splits a parallel loop into one chunk per thread).
+int LaunchOnIntraOpPool(FTVMParallelLambda flambda, void* cdata,
+                        int num_task) {
+  const auto* pool = intra_op_pool;
+  if (pool == nullptr) return TVMBackendParallelLaunch(flambda, cdata, num_task);
+  const int tasks = num_task > 0 ? num_task : std::max(pool->num_threads, 1);
+  TVMParallelGroupEnv env{nullptr, tasks};
+  std::atomic<int> status{0};
+  auto run = [&](int task) {
+    if (flambda(task, &env, cdata) != 0) status = -1;
+  };
+  // Tasks 1.. go to the pool; task 0 runs on this thread, which would
+  // otherwise only wait.
+  absl::BlockingCounter pending(tasks - 1);
+  for (int task = 1; task < tasks; ++task) {
+    pool->workers->Schedule([&, task] {
+      run(task);
+      pending.DecrementCount();
+    });
+  }
+  run(0);
+  pending.Wait();
+  return status.load();
+}
+
+}  // namespace
+
+void ExposeTvmFfiSymbols() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&TVMFFIErrorSetRaisedFromCStrParts),
+               &info) == 0 ||
+        dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL) ==
+            nullptr) {
+      LOG(WARNING) << "tf_dietcode: could not make libtvm_ffi global; a "
+                      "failing tuned kernel may abort the process";
+    }
+  });
+}
+
+ParallelLaunchHook* FindParallelLaunchHook(void* library_handle) {
+  return static_cast<ParallelLaunchHook*>(
+      dlsym(library_handle, "__TVMBackendParallelLaunch"));
+}
+
+void RouteParallelLaunch(ParallelLaunchHook* hook) {
+  if (hook == nullptr) return;
+  void* ours = reinterpret_cast<void*>(&LaunchOnIntraOpPool);
+  if (__atomic_load_n(hook, __ATOMIC_RELAXED) != ours) {
+    __atomic_store_n(hook, ours, __ATOMIC_RELAXED);
+  }
+}
+
+ScopedIntraOpPool::ScopedIntraOpPool(
+    const tensorflow::DeviceBase::CpuWorkerThreads* workers)
+    : previous_(intra_op_pool) {
+  intra_op_pool = workers;
+}
+
+ScopedIntraOpPool::~ScopedIntraOpPool() { intra_op_pool = previous_; }
+
+FloatTensorView::FloatTensorView(const float* data,
+                                 std::initializer_list<int64_t> shape) {
+  std::copy(shape.begin(), shape.end(), shape_);
+  tensor_.data = const_cast<float*>(data);  // kernels write only the output
+  tensor_.device = DLDevice{kDLCPU, 0};
+  tensor_.ndim = static_cast<int32_t>(shape.size());
+  tensor_.dtype = DLDataType{kDLFloat, 32, 1};
+  tensor_.shape = shape_;
+  tensor_.strides = nullptr;
+  tensor_.byte_offset = 0;
+}
+
+}  // namespace tf_dietcode

@@ -1,0 +1,65 @@
+// How TVM-compiled kernels run inside a TF op.
+//
+// - Their parallel loops run on the op's TF intra-op pool, never on TVM's own
+//   pool (which pins the calling thread to a core and, with two ops at once,
+//   oversubscribes the cores): a kernel library's parallel-launch hook points
+//   at LaunchOnIntraOpPool, which uses the pool the calling op set with
+//   ScopedIntraOpPool (TVM's own launcher when none is set, e.g. for Python
+//   callers of the same library).
+// - libtvm_ffi's symbols are made global, so a kernel that raises finds
+//   TVMFFIErrorSetRaisedFromCStrParts although tf.load_op_library loaded us
+//   with RTLD_LOCAL (without this the process dies on the first error).
+// - TF buffers reach kernels as DLTensors, without copying.
+#ifndef TF_DIETCODE_OPS_TVM_BRIDGE_H_
+#define TF_DIETCODE_OPS_TVM_BRIDGE_H_
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "dlpack/dlpack.h"
+#include "tensorflow/core/framework/device_base.h"
+
+namespace tf_dietcode {
+
+// Makes libtvm_ffi's symbols visible to libraries dlopen'ed later.
+// Idempotent and thread-safe.
+void ExposeTvmFfiSymbols();
+
+// The parallel-launch hook of a loaded kernel library (found with dlsym on
+// its handle), or null when its kernels have no parallel loops.
+using ParallelLaunchHook = void*;
+ParallelLaunchHook* FindParallelLaunchHook(void* library_handle);
+
+// Points `hook` at LaunchOnIntraOpPool. Cheap; called before every kernel
+// call because loading the same library again (e.g. from Python) resets it.
+void RouteParallelLaunch(ParallelLaunchHook* hook);
+
+// While alive, TVM parallel loops started on this thread run on `workers`.
+class ScopedIntraOpPool {
+ public:
+  explicit ScopedIntraOpPool(
+      const tensorflow::DeviceBase::CpuWorkerThreads* workers);
+  ~ScopedIntraOpPool();
+  ScopedIntraOpPool(const ScopedIntraOpPool&) = delete;
+  ScopedIntraOpPool& operator=(const ScopedIntraOpPool&) = delete;
+
+ private:
+  const tensorflow::DeviceBase::CpuWorkerThreads* previous_;
+};
+
+// A float32 CPU DLTensor over `data` (row-major, contiguous); owns its shape.
+class FloatTensorView {
+ public:
+  FloatTensorView(const float* data, std::initializer_list<int64_t> shape);
+  FloatTensorView(const FloatTensorView&) = delete;
+  FloatTensorView& operator=(const FloatTensorView&) = delete;
+  DLTensor* get() { return &tensor_; }
+
+ private:
+  int64_t shape_[4];
+  DLTensor tensor_;
+};
+
+}  // namespace tf_dietcode
+
+#endif  // TF_DIETCODE_OPS_TVM_BRIDGE_H_

@@ -1,0 +1,128 @@
+"""A kernel bundle that is missing, corrupted, or built for another machine
+or TVM never crashes and never returns garbage: the op says why once (a
+warning) and computes through the generic kernel. A kernel that fails at run
+time becomes a TF error status."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import random_tensor
+from tf_dietcode import cpu_features, ops
+from tf_dietcode.tuning import bundle
+from tf_dietcode.tuning.templates import dense
+
+
+def edit_manifest(change):
+    def edit(directory):
+        path = directory / bundle.MANIFEST
+        manifest = json.loads(path.read_text())
+        change(manifest)
+        path.write_text(json.dumps(manifest))
+    return edit
+
+
+def truncate_library(directory):
+    library = directory / bundle.LIBRARY
+    library.write_bytes(library.read_bytes()[: library.stat().st_size // 2])
+
+
+def unreadable_library(directory):
+    os.chmod(directory / bundle.LIBRARY, 0)
+
+
+def lacking_feature():
+    missing = sorted(cpu_features.SIMD_FLAGS - set(cpu_features.simd_features()))
+    if not missing:
+        pytest.skip("this CPU has every SIMD feature the tuner records")
+    return missing[0]
+
+
+CORRUPTIONS = {
+    "missing bundle": (lambda d: shutil.rmtree(d), "cannot read"),
+    "manifest not JSON": (lambda d: (d / bundle.MANIFEST).write_text("{\"format\": 1,"), "not JSON"),
+    "manifest not an object": (lambda d: (d / bundle.MANIFEST).write_text("[1, 2]"), ""),
+    "another format": (edit_manifest(lambda m: m.update(format=99)), "format 99"),
+    "another target": (edit_manifest(lambda m: m["target"].update(kind="cuda")), "target 'cuda'"),
+    "another CPU": (edit_manifest(lambda m: m["cpu_features"].append(lacking_feature())), "which this CPU lacks"),
+    "another TVM": (edit_manifest(lambda m: m.update(tvm="0.19.0")), "TVM 0.19.0"),
+    "truncated library": (truncate_library, "SHA-256"),
+    "wrong checksum": (edit_manifest(lambda m: m.update(sha256="0" * 64)), "SHA-256"),
+    "missing field": (edit_manifest(lambda m: m.pop("sha256")), "lacks 'sha256'"),
+    "missing kernel": (edit_manifest(lambda m: m["workloads"][0]["kernels"][0].update(symbol="nope")),
+                       "lacks kernel nope"),
+    "missing library": (lambda d: (d / bundle.LIBRARY).unlink(), "cannot read"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPTIONS))
+def test_bad_bundle_warns_once_and_computes_generically(case, tuned_bundle, tmp_path, rng, capfd):
+    source, report = tuned_bundle
+    corrupt, reason = CORRUPTIONS[case]
+    path = tmp_path / "bundle"
+    shutil.copytree(source, path)
+    corrupt(path)
+    layout = report.manifest["workloads"][0]["weight_layout"]
+    w, bias = random_tensor(rng, (40, 24)), random_tensor(rng, (40,))
+    wp = dense.pack_weight(w, layout["tile_n"], layout["blocks"])
+    for m in (3, 17):
+        x = random_tensor(rng, (m, 24))
+        out = ops.fused_matmul(x, wp, bias, activation="relu", packed_n=40, bundle=str(path)).numpy()
+        np.testing.assert_allclose(out, np.maximum(x @ w.T + bias, 0), rtol=1e-4, atol=1e-4)
+    stats = ops.bundle_stats(str(path))
+    assert reason in stats["problem"] and stats["problem"], stats
+    assert stats["generic_calls"] == 0 and stats["workloads"] == []  # not even looked at
+    assert capfd.readouterr().err.count(f"kernel bundle '{path}' is not used") == 1
+
+
+def test_unreadable_library_is_a_warning(tuned_bundle, tmp_path, rng):
+    if os.geteuid() == 0:
+        pytest.skip("root reads files whatever their mode")
+    source, report = tuned_bundle
+    path = tmp_path / "bundle"
+    shutil.copytree(source, path)
+    unreadable_library(path)
+    q = random_tensor(rng, (3, 5, 8))
+    out = ops.fused_batch_matmul_transpose(q, q, [0, 1, 2], adj_y=True, bundle=str(path)).numpy()
+    np.testing.assert_allclose(out, q @ np.swapaxes(q, 1, 2), rtol=1e-4, atol=1e-4)
+    assert "cannot read" in ops.bundle_stats(str(path))["problem"]
+
+
+FAILING_KERNEL = """
+import sys
+import numpy as np
+import tensorflow as tf
+from tf_dietcode import ops
+
+path, blocks, tile_n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+wp = np.zeros((blocks, 24, tile_n), np.float32)
+try:
+    ops.fused_matmul(np.ones((5, 24), np.float32), wp, np.ones(40, np.float32), activation="relu",
+                     packed_n=40, bundle=path).numpy()
+except tf.errors.InternalError as error:
+    assert "tuned kernel" in str(error) and "failed" in str(error), error
+    q = np.ones((3, 5, 8), np.float32)
+    out = ops.fused_batch_matmul_transpose(q, q, [0, 1, 2], adj_y=True, bundle=path).numpy()
+    assert np.allclose(out, 8.0)
+    print("survived")
+"""
+
+
+def test_a_failing_kernel_is_an_error_status_not_a_crash(tuned_bundle, tmp_path):
+    """The manifest lies about the packed weight's layout, so the kernel gets
+    an operand of the wrong shape and raises inside TVM code. Run in a fresh
+    process that never imports TVM's Python package, which would make
+    libtvm_ffi global and hide the RTLD_LOCAL pitfall."""
+    source, report = tuned_bundle
+    path = tmp_path / "bundle"
+    shutil.copytree(source, path)
+    layout = report.manifest["workloads"][0]["weight_layout"]
+    edit_manifest(lambda m: m["workloads"][0]["weight_layout"].update(blocks=layout["blocks"] + 1))(path)
+    result = subprocess.run([sys.executable, "-c", FAILING_KERNEL, str(path), str(layout["blocks"] + 1),
+                             str(layout["tile_n"])], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "survived" in result.stdout, result.stderr[-3000:]

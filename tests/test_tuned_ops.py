@@ -1,0 +1,156 @@
+"""The fused ops running a bundle's tuned micro-kernels: every shape of the
+tuned ranges and outside them matches the reference, each shape runs the
+kernel the bundle's tree picks (seen through the bundle's call counters), and
+calls a tuned kernel cannot serve fall back to the generic kernel."""
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import assert_matches_reference, random_tensor
+from tf_dietcode import ops, reference
+from tf_dietcode.tuning.templates import dense
+
+
+def packed_weight(report, w):
+    layout = report.manifest["workloads"][0]["weight_layout"]
+    return dense.pack_weight(w, layout["tile_n"], layout["blocks"])
+
+
+def calls(path):
+    """Calls so far: per (workload, kernel) and generic."""
+    stats = ops.bundle_stats(str(path))
+    assert stats["problem"] == ""
+    counts = {(w, k): c for w, entry in enumerate(stats["workloads"]) for k, c in enumerate(entry["calls"])}
+    return counts, stats["generic_calls"]
+
+
+def kernel_used(path, run):
+    """Runs `run()` and returns the (workload, kernel) it used, or "generic"."""
+    before, generic_before = calls(path)
+    result = run()
+    after, generic_after = calls(path)
+    changed = [key for key in after if after[key] != before[key]]
+    assert len(changed) + (generic_after - generic_before) == 1, (changed, generic_after - generic_before)
+    return result, changed[0] if changed else "generic"
+
+
+def expected_kernel(report, workload_index, dims):
+    dispatch = report.dispatches[workload_index]
+    full = {"b": 1, **dims}
+    index = dispatch.kernel_index(full)
+    return "generic" if index < 0 else (workload_index, index)
+
+
+def test_dense_every_m_in_and_outside_the_range(tuned_bundle, rng):
+    path, report = tuned_bundle
+    w, bias = random_tensor(rng, (40, 24)), random_tensor(rng, (40,))
+    wp = packed_weight(report, w)
+    for m in range(1, 46):
+        x = random_tensor(rng, (m, 24))
+        out, used = kernel_used(path, lambda: ops.fused_matmul(x, wp, bias, activation="relu", packed_n=40,
+                                                               bundle=str(path)).numpy())
+        assert used == expected_kernel(report, 0, {"m": m, "n": 40, "k": 24}), m
+        assert_matches_reference(out, reference.fused_matmul, [x, w.T, bias], activation="relu")
+
+
+def test_batch_matmul_nt_and_nn_every_shape_in_and_outside_the_range(tuned_bundle, rng):
+    path, report = tuned_bundle
+    for t in range(1, 24):
+        q, k = random_tensor(rng, (3, t, 8)), random_tensor(rng, (3, t, 8))
+        out, used = kernel_used(path, lambda: ops.fused_batch_matmul_transpose(
+            q, k, [0, 1, 2], adj_y=True, bundle=str(path)).numpy())
+        assert used == expected_kernel(report, 1, {"b": 3, "m": t, "n": t, "k": 8}), t
+        assert_matches_reference(out, reference.fused_batch_matmul_transpose, [q, k], perm=[0, 1, 2], adj_y=True)
+
+        s, v = random_tensor(rng, (2, t, t)), random_tensor(rng, (2, t, 12))
+        out, used = kernel_used(path, lambda: ops.fused_batch_matmul_transpose(
+            s, v, [0, 1, 2], bundle=str(path)).numpy())
+        assert used == expected_kernel(report, 2, {"b": 2, "m": t, "n": 12, "k": t}), t
+        assert_matches_reference(out, reference.fused_batch_matmul_transpose, [s, v], perm=[0, 1, 2])
+
+
+def test_tuned_kernels_inside_a_graph_with_unknown_dims(tuned_bundle, rng):
+    path, report = tuned_bundle
+    w, bias = random_tensor(rng, (40, 24)), random_tensor(rng, (40,))
+    wp = tf.constant(packed_weight(report, w))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 24], tf.float32), tf.TensorSpec([], tf.string)])
+    def layer(x, bundle):
+        return ops.fused_matmul(x, wp, bias, activation="relu", packed_n=40, bundle=bundle)
+
+    for m in (1, 7, 40, 41):
+        x = random_tensor(rng, (m, 24))
+        out, used = kernel_used(path, lambda: layer(x, str(path)).numpy())
+        assert used == expected_kernel(report, 0, {"m": m, "n": 40, "k": 24})
+        assert_matches_reference(out, reference.fused_matmul, [x, w.T, bias], activation="relu")
+
+
+def test_calls_no_tuned_kernel_computes_take_the_generic_kernel(tuned_bundle, rng):
+    path, report = tuned_bundle
+    w, bias = random_tensor(rng, (40, 24)), random_tensor(rng, (40,))
+    x = random_tensor(rng, (5, 24))
+    q, k = random_tensor(rng, (3, 6, 8)), random_tensor(rng, (3, 6, 8))
+    qt = np.ascontiguousarray(np.swapaxes(q, 1, 2))
+    mask = random_tensor(rng, (3, 1, 6))
+    cases = [  # (the call, its reference)
+        (lambda: ops.fused_matmul(x, packed_weight(report, w), bias, activation="tanh", packed_n=40, bundle=str(path)),
+         lambda: reference.fused_matmul(x, w.T, bias, activation="tanh")),            # another activation
+        (lambda: ops.fused_matmul(x, w, bias, transpose_b=True, activation="relu", bundle=str(path)),
+         lambda: reference.fused_matmul(x, w.T, bias, activation="relu")),            # weight not packed
+        (lambda: ops.fused_batch_matmul_add(q, k, mask, adj_y=True, bundle=str(path)),
+         lambda: reference.fused_batch_matmul_add(q, k, mask, adj_y=True)),           # an addend
+        (lambda: ops.fused_batch_matmul_transpose(q, k, [0, 1, 2], adj_y=True, alpha=0.5, bundle=str(path)),
+         lambda: reference.fused_batch_matmul_transpose(q, k, perm=[0, 1, 2], adj_y=True, alpha=0.5)),
+        (lambda: ops.fused_batch_matmul_transpose(q, k, [1, 0, 2], adj_y=True, bundle=str(path)),
+         lambda: reference.fused_batch_matmul_transpose(q, k, perm=[1, 0, 2], adj_y=True)),
+        (lambda: ops.fused_batch_matmul_transpose(q[:1], k, [0, 1, 2], adj_y=True, bundle=str(path)),
+         lambda: reference.fused_batch_matmul_transpose(q[:1], k, perm=[0, 1, 2], adj_y=True)),  # broadcast
+        (lambda: ops.fused_batch_matmul_transpose(qt, k, [0, 1, 2], adj_x=True, adj_y=True, bundle=str(path)),
+         lambda: reference.fused_batch_matmul_transpose(qt, k, perm=[0, 1, 2], adj_x=True, adj_y=True)),
+    ]
+    for call, expected in cases:
+        out, used = kernel_used(path, lambda: call().numpy())
+        assert used == "generic"
+        np.testing.assert_allclose(out, expected().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_same_shape_always_takes_the_same_kernel(tuned_bundle, rng):
+    path, report = tuned_bundle
+    q, k = random_tensor(rng, (3, 11, 8)), random_tensor(rng, (3, 11, 8))
+    used = {kernel_used(path, lambda: ops.fused_batch_matmul_transpose(
+        q, k, [0, 1, 2], adj_y=True, bundle=str(path)).numpy())[1] for _ in range(5)}
+    assert len(used) == 1
+
+
+def test_many_threads_on_different_shapes_all_correct(tuned_bundle, rng):
+    path, report = tuned_bundle
+    w, bias = random_tensor(rng, (40, 24)), random_tensor(rng, (40,))
+    wp = packed_weight(report, w)
+    jobs = [(random_tensor(rng, (int(rng.integers(1, 45)), 24)),
+             random_tensor(rng, (3, t, 8)), random_tensor(rng, (3, t, 8)))
+            for t in rng.integers(1, 24, size=32)]
+
+    def run(job):
+        x, q, k = job
+        return (ops.fused_matmul(x, wp, bias, activation="relu", packed_n=40, bundle=str(path)).numpy(),
+                ops.fused_batch_matmul_transpose(q, k, [0, 1, 2], adj_y=True, bundle=str(path)).numpy())
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(run, jobs * 3))
+    for (x, q, k), (layer, scores) in zip(jobs * 3, results):
+        np.testing.assert_allclose(layer, np.maximum(x @ w.T + bias, 0), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(scores, q @ np.swapaxes(k, 1, 2), rtol=1e-4, atol=1e-4)
+
+
+def test_tuned_kernels_leave_thread_affinity_alone(tuned_bundle, rng):
+    import os
+
+    path, _ = tuned_bundle
+    before = os.sched_getaffinity(0)
+    for t in (1, 9, 20):
+        q = random_tensor(rng, (3, t, 8))
+        ops.fused_batch_matmul_transpose(q, q, [0, 1, 2], adj_y=True, bundle=str(path)).numpy()
+    assert os.sched_getaffinity(0) == before
