@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 
-def _looped(compute: Callable[..., tf.Tensor], inputs: Sequence[tf.Tensor]):
+def looped(compute: Callable[..., tf.Tensor], inputs: Sequence[tf.Tensor]):
     @tf.function
     def run(iterations):
         first = compute(*inputs)
@@ -30,7 +30,7 @@ def _looped(compute: Callable[..., tf.Tensor], inputs: Sequence[tf.Tensor]):
     return run
 
 
-def _wall(run, iterations: int) -> float:
+def wall_seconds(run, iterations: int) -> float:
     start = time.perf_counter()
     run(tf.constant(iterations)).numpy()
     return time.perf_counter() - start
@@ -39,11 +39,11 @@ def _wall(run, iterations: int) -> float:
 def seconds_per_call(compute: Callable[..., tf.Tensor], inputs: Sequence[tf.Tensor],
                      repeats: int = 5, target_seconds: float = 0.05) -> float:
     """Median seconds of one `compute(*inputs)`, measured in-graph."""
-    run = _looped(compute, inputs)
-    _wall(run, 2)  # trace and warm up
-    estimate = max(_wall(run, 3) - _wall(run, 0), 1e-6) / 3
+    run = looped(compute, inputs)
+    wall_seconds(run, 2)  # trace and warm up
+    estimate = max(wall_seconds(run, 3) - wall_seconds(run, 0), 1e-6) / 3
     iterations = int(min(max(target_seconds / estimate, 3), 2000))
     samples = []
     for _ in range(repeats):
-        samples.append((_wall(run, iterations) - _wall(run, 0)) / iterations)
+        samples.append((wall_seconds(run, iterations) - wall_seconds(run, 0)) / iterations)
     return max(statistics.median(samples), 0.0)

@@ -65,31 +65,36 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     path = str(args.bundle)
 
-    rows = []
-    for w_index, (entry, (name, _, shape_at, _)) in enumerate(zip(manifest["workloads"], CASES)):
+    jobs = []
+    for entry, (name, _, shape_at, _) in zip(manifest["workloads"], CASES):
         workload = Workload.from_key(entry["key"])
-        template = templates.for_workload(workload)
         dispatch = getattr(library, entry["dispatch"])
         dispatch.restype, dispatch.argtypes = ctypes.c_int64, [ctypes.c_int64] * len(DIMS)
         for t in QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS:
             dims = workload.dims_at(shape_at(t))
-            index = dispatch(*(dims[d] for d in DIMS))
-            kernel_entry = entry["kernels"][index]
-            kernel = MicroKernel(**kernel_entry["params"])
-            operands = template.random_operands(workload, dims, rng)
-            compute, inputs = op_call(workload, entry, path, operands)
-            op_seconds = in_graph_timing.seconds_per_call(compute, inputs, repeats=9)
-            loop_seconds = in_graph_timing.seconds_per_call(lambda *xs: tf.identity(xs[0]), inputs, repeats=9)
-            kernel_seconds = tvm_seconds(module, kernel_entry["symbol"],
-                                         template.kernel_arguments(operands, workload, kernel))
-            overhead = op_seconds - loop_seconds - kernel_seconds
-            rows.append({"workload": name, "T": t, "kernel": kernel_entry["name"],
-                         "op_us": op_seconds * 1e6, "loop_us": loop_seconds * 1e6,
-                         "kernel_us": kernel_seconds * 1e6, "overhead_us": overhead * 1e6,
-                         "op_over_kernel": (op_seconds - loop_seconds) / kernel_seconds})
-            print(f"{name:34s} T={t:4d} {kernel_entry['name']:>20s} op {op_seconds * 1e6:9.1f} us  "
-                  f"loop {loop_seconds * 1e6:5.1f} us  kernel {kernel_seconds * 1e6:9.1f} us  "
-                  f"overhead {overhead * 1e6:7.1f} us  (op - loop) / kernel {rows[-1]['op_over_kernel']:.3f}")
+            kernel_entry = entry["kernels"][dispatch(*(dims[d] for d in DIMS))]
+            jobs.append((name, t, workload, entry, kernel_entry,
+                         templates.for_workload(workload).random_operands(workload, dims, rng)))
+    # Every op first: TVM's own pool (used by time_evaluator) keeps its threads
+    # spinning for a while after each run, which would slow TF's threads down.
+    op_times = []
+    for name, t, workload, entry, _, operands in jobs:
+        compute, inputs = op_call(workload, entry, path, operands)
+        op_times.append((in_graph_timing.seconds_per_call(compute, inputs, repeats=9),
+                         in_graph_timing.seconds_per_call(lambda *xs: tf.identity(xs[0]), inputs, repeats=9)))
+    rows = []
+    for (name, t, workload, entry, kernel_entry, operands), (op_seconds, loop_seconds) in zip(jobs, op_times):
+        kernel = MicroKernel(**kernel_entry["params"])
+        kernel_seconds = tvm_seconds(module, kernel_entry["symbol"],
+                                     templates.for_workload(workload).kernel_arguments(operands, workload, kernel))
+        overhead = op_seconds - loop_seconds - kernel_seconds
+        rows.append({"workload": name, "T": t, "kernel": kernel_entry["name"],
+                     "op_us": op_seconds * 1e6, "loop_us": loop_seconds * 1e6,
+                     "kernel_us": kernel_seconds * 1e6, "overhead_us": overhead * 1e6,
+                     "op_over_kernel": (op_seconds - loop_seconds) / kernel_seconds})
+        print(f"{name:34s} T={t:4d} {kernel_entry['name']:>20s} op {op_seconds * 1e6:9.1f} us  "
+              f"loop {loop_seconds * 1e6:5.1f} us  kernel {kernel_seconds * 1e6:9.1f} us  "
+              f"overhead {overhead * 1e6:7.1f} us  (op - loop) / kernel {rows[-1]['op_over_kernel']:.3f}")
     stats = ops.bundle_stats(path)
     if stats["generic_calls"]:
         raise SystemExit(f"{stats['generic_calls']} op calls ran the generic kernel: the bundle did not cover them")
