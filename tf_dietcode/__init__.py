@@ -10,12 +10,14 @@ tuner (`tf_dietcode.tuning`) and its measurement workers start without it.
 import importlib
 
 __version__ = "0.1.0"
-__all__ = ["load_op_library", "ops"]
+__all__ = ["Converter", "load_op_library", "ops", "optimize"]
 
 
 def __getattr__(name):
     if name == "ops":
         return importlib.import_module("tf_dietcode.ops")
+    if name in ("optimize", "Converter"):
+        return getattr(importlib.import_module("tf_dietcode.optimizer"), name)
     if name == "load_op_library":
         return importlib.import_module("tf_dietcode.op_library").load_op_library
     raise AttributeError(f"module 'tf_dietcode' has no attribute {name!r}")

@@ -1,0 +1,160 @@
+"""Dense layers in a graph, in every form TF and Keras emit them.
+
+A dense layer is  act(x @ W + b)  contracting x's trailing dims with a weight
+fixed at optimize time. The forms:
+
+  MatMul(x, W) [transpose_b: W stored [N, K]]           Keras Dense on 2-D input
+  Reshape(MatMul(Reshape(Transpose(x)), W))             Keras Dense on N-D input (tensordot)
+  Einsum 'abc,cde->abde', 'abcd,cde->abe', ...           EinsumDense (attention projections)
+
+then optionally BiasAdd/Add/AddV2 of a fixed bias, then optionally Relu,
+Tanh, Sigmoid, or exact GELU as Keras writes it (x * 0.5 * erfc(-x / sqrt 2)).
+A step is only taken while the previous result has no other reader.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
+
+SIMPLE_ACTIVATIONS = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
+
+
+@dataclasses.dataclass
+class DenseMatch:
+    form: str                 # "matmul", "tensordot" or "einsum"
+    core: str                 # the MatMul/Einsum node, naming the match
+    x: str                    # the layer's input tensor
+    contracted: int           # trailing dims of x contracted (K is their product)
+    weight: np.ndarray        # [K, N] float32
+    out_dims: list[int]       # the output's trailing dims (N is their product)
+    bias: str | None = None   # a tensor holding N values (any shape)
+    activation: str = "none"
+    output: str = ""          # the tensor the fused op's result replaces
+
+    @property
+    def k(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.weight.shape[1]
+
+
+@dataclasses.dataclass
+class LeftAlone:
+    form: str
+    node: str
+    reason: str
+
+
+def find(index: GraphIndex) -> tuple[list[DenseMatch], list[LeftAlone]]:
+    matches, left = [], []
+    for node in index.nodes.values():
+        if node.op not in ("MatMul", "Einsum"):
+            continue
+        core = _matmul_core(index, node) if node.op == "MatMul" else _einsum_core(index, node)
+        if isinstance(core, LeftAlone):
+            if core.reason:  # an empty reason: not a dense layer at all (e.g. attention's einsums)
+                left.append(core)
+            continue
+        _extend_epilogue(index, core)
+        matches.append(core)
+    return matches, left
+
+
+def _float_weight(index: GraphIndex, tensor: str) -> np.ndarray | None:
+    value = index.value(tensor)
+    return None if value is None or value.dtype != np.float32 else value
+
+
+def _matmul_core(index: GraphIndex, node) -> DenseMatch | LeftAlone:
+    form = "matmul"
+    if node.attr["T"].type != 1:  # DT_FLOAT
+        return LeftAlone(form, node.name, "not float32")
+    weight = _float_weight(index, node.input[1])
+    if weight is None:
+        return LeftAlone(form, node.name, "")  # both operands computed: not a dense layer
+    if node.attr["transpose_a"].b:
+        return LeftAlone(form, node.name, "transpose_a")
+    weight = weight.T if node.attr["transpose_b"].b else weight
+    x, output = tensor_name(node.input[0]), f"{node.name}:0"
+    match = DenseMatch(form, node.name, x, 1, np.ascontiguousarray(weight), [weight.shape[1]], output=output)
+    flatten, unflatten = index.producer(x), index.sole_consumer(output)
+    if flatten.op == "Reshape" and unflatten is not None and unflatten.op == "Reshape":
+        transpose = index.producer(flatten.input[0])
+        perm = index.value(transpose.input[1]) if transpose.op == "Transpose" else None
+        source_shape = index.shape(transpose.input[0]) if perm is not None else None
+        if (perm is not None and list(perm) == list(range(len(perm))) and source_shape
+                and source_shape[-1] == weight.shape[0] and index.sole_consumer(transpose.name) is flatten
+                and index.sole_consumer(flatten.name) is node):
+            match.form, match.x, match.output = "tensordot", tensor_name(transpose.input[0]), f"{unflatten.name}:0"
+    elif index.shape(x) is None or len(index.shape(x)) != 2:
+        return LeftAlone(form, node.name, "input is not a matrix")
+    return match
+
+
+def _einsum_core(index: GraphIndex, node) -> DenseMatch | LeftAlone:
+    form = "einsum"
+    equation = node.attr["equation"].s.decode()
+    if len(node.input) != 2 or "..." in equation or "->" not in equation:
+        return LeftAlone(form, node.name, f"equation {equation!r}")
+    weight = _float_weight(index, node.input[1])
+    if weight is None:
+        return LeftAlone(form, node.name, "")  # attention's products: both operands computed
+    (lhs, rhs), out = equation.split("->")[0].split(","), equation.split("->")[1]
+    contracted = [c for c in lhs if c in rhs and c not in out]
+    batch = lhs[: len(lhs) - len(contracted)]
+    kept = rhs[len(contracted):]
+    if lhs != batch + "".join(contracted) or rhs != "".join(contracted) + kept or out != batch + kept:
+        return LeftAlone(form, node.name, f"equation {equation!r} is not x[..., K] @ W[K, N]")
+    k = math.prod(weight.shape[: len(contracted)])
+    return DenseMatch(form, node.name, tensor_name(node.input[0]), len(contracted),
+                      np.ascontiguousarray(weight.reshape(k, -1)), list(weight.shape[len(contracted):]),
+                      output=f"{node.name}:0")
+
+
+def _extend_epilogue(index: GraphIndex, match: DenseMatch) -> None:
+    """Takes in a following bias add and activation, each only if it is the sole reader."""
+    after = index.sole_consumer(match.output)
+    if after is not None and after.op in ("BiasAdd", "Add", "AddV2"):
+        inputs = [tensor_name(i) for i in after.input]
+        other = inputs[1] if inputs[0] == match.output else inputs[0]
+        bias = index.value(other)
+        if bias is not None and bias.size == match.n and list(bias.shape) in ([match.n], match.out_dims):
+            match.bias, match.output = other, f"{after.name}:0"
+            after = index.sole_consumer(match.output)
+    if after is not None and after.op in SIMPLE_ACTIVATIONS:
+        match.activation, match.output = SIMPLE_ACTIVATIONS[after.op], f"{after.name}:0"
+        return
+    gelu = _exact_gelu_output(index, match.output)  # two readers: no sole consumer
+    if gelu is not None:
+        match.activation, match.output = "gelu", gelu
+
+
+def _exact_gelu_output(index: GraphIndex, x: str) -> str | None:
+    """Keras' exact GELU: mul_2 = (0.5 * x) * erfc(-x * (1/sqrt 2)); its output, if `x` feeds only it."""
+    readers = [index.nodes[n] for n in index.consumers.get(x, [])]
+    half = next((n for n in readers if n.op == "Mul" and _scalar(index, n, x) == 0.5), None)
+    negate = next((n for n in readers if n.op == "Neg"), None)
+    if len(readers) != 2 or half is None or negate is None:
+        return None
+    scale = index.sole_consumer(negate.name)
+    if scale is None or scale.op != "Mul" or not np.isclose(_scalar(index, scale, f"{negate.name}:0"), 1 / math.sqrt(2)):
+        return None
+    erfc = index.sole_consumer(scale.name)
+    product = index.sole_consumer(half.name)
+    if erfc is None or erfc.op != "Erfc" or product is None or product is not index.sole_consumer(erfc.name):
+        return None
+    return f"{product.name}:0" if product.op == "Mul" else None
+
+
+def _scalar(index: GraphIndex, node, operand: str):
+    """The constant scalar `node` multiplies `operand` by, or None."""
+    inputs = [tensor_name(i) for i in node.input]
+    if operand not in inputs:
+        return None
+    value = index.value(inputs[1] if inputs[0] == operand else inputs[0])
+    return float(value) if value is not None and np.size(value) == 1 else None

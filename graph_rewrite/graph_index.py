@@ -1,0 +1,60 @@
+"""Lookups over one GraphDef: producers, consumers, static shapes and values.
+
+The GraphDef is also imported into a tf.Graph once, so TF's own shape
+inference and constant evaluation (tensor_util.constant_value) answer the
+static questions matching asks.
+"""
+
+import collections
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework import tensor_util
+
+
+def node_name(tensor: str) -> str:
+    return tensor.lstrip("^").split(":")[0]
+
+
+def tensor_name(tensor: str) -> str:
+    """'x' -> 'x:0'; control inputs stay as they are."""
+    return tensor if tensor.startswith("^") or ":" in tensor else f"{tensor}:0"
+
+
+class GraphIndex:
+    def __init__(self, graph_def: tf.compat.v1.GraphDef, captured_values: dict[str, np.ndarray]):
+        """captured_values: placeholder name -> value of the variable it captures."""
+        self.nodes = {n.name: n for n in graph_def.node}
+        self.consumers: dict[str, list[str]] = collections.defaultdict(list)  # tensor -> consumer nodes
+        for node in graph_def.node:
+            for source in node.input:
+                self.consumers[tensor_name(source)].append(node.name)
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            tf.graph_util.import_graph_def(graph_def, name="")
+        self.captured_values = captured_values
+
+    def producer(self, tensor: str):
+        return self.nodes[node_name(tensor)]
+
+    def sole_consumer(self, tensor: str):
+        """The one node that reads `tensor`, or None if zero or several do."""
+        users = self.consumers.get(tensor_name(tensor), [])
+        return self.nodes[users[0]] if len(users) == 1 else None
+
+    def shape(self, tensor: str) -> list[int | None]:
+        shape = self.graph.get_tensor_by_name(tensor_name(tensor)).shape
+        return shape.as_list() if shape.rank is not None else None
+
+    def value(self, tensor: str) -> np.ndarray | None:
+        """The tensor's value if it is fixed at optimize time: a constant or a
+        captured variable read (variables are read at their current value)."""
+        node = self.producer(tensor)
+        if node.op == "ReadVariableOp":
+            handle = self.producer(node.input[0])
+            while handle.op == "Identity":  # inlined function arguments
+                handle = self.producer(handle.input[0])
+            return self.captured_values.get(handle.name)
+        if node.op == "Identity":
+            return self.value(node.input[0])
+        return tensor_util.constant_value(self.graph.get_tensor_by_name(tensor_name(tensor)))

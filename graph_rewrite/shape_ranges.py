@@ -1,0 +1,78 @@
+"""Which shapes a model will see: ranges per input dim, checked against the
+signature, and the range of every matched layer's row count M they imply.
+
+Ranges come from the user (`{"input_ids": (None, (1, 128))}`: per dim a
+size, an inclusive (lo, hi) range, or None for "the signature's size, or the
+default") or from representative inputs. M = product of a layer input's
+leading dims; it is found by running the original graph on zero inputs at the
+lowest and the highest corner of the ranges (products grow with every dim).
+"""
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+DEFAULT_BATCH = (1, 16)        # an unknown first dim
+DEFAULT_OTHER = (1, 128)       # any other unknown dim (sequence lengths)
+
+DimRanges = dict[str, list[tuple[int, int]]]
+
+
+def resolve(specs: dict[str, tf.TensorSpec], shape_ranges: dict | None) -> tuple[DimRanges, list[str]]:
+    """(lo, hi) per dim of every input, and notes on the defaults used."""
+    shape_ranges = dict(shape_ranges or {})
+    unknown = sorted(set(shape_ranges) - set(specs))
+    if unknown:
+        raise ValueError(f"shape_ranges names unknown input(s) {unknown}; the inputs are {sorted(specs)}")
+    ranges, notes = {}, []
+    for name, spec in specs.items():
+        if spec.shape.rank is None:
+            raise ValueError(f"input {name!r} has unknown rank; optimize() needs ranked inputs")
+        given = shape_ranges.get(name, [None] * spec.shape.rank)
+        if len(given) != spec.shape.rank:
+            raise ValueError(f"shape_ranges[{name!r}] has {len(given)} dims, the input has rank {spec.shape.rank}")
+        ranges[name] = []
+        for axis, (declared, wanted) in enumerate(zip(spec.shape.as_list(), given)):
+            if wanted is None:
+                lo_hi = (declared, declared) if declared is not None else DEFAULT_BATCH if axis == 0 else DEFAULT_OTHER
+                if declared is None:
+                    notes.append(f"{name} dim {axis}: no range given, assumed {lo_hi[0]}..{lo_hi[1]}")
+            else:
+                lo_hi = (wanted, wanted) if isinstance(wanted, int) else tuple(int(v) for v in wanted)
+            lo, hi = lo_hi
+            if not 0 <= lo <= hi:
+                raise ValueError(f"shape_ranges[{name!r}] dim {axis}: need 0 <= min <= max, got {lo_hi}")
+            if declared is not None and lo_hi != (declared, declared):
+                raise ValueError(f"input {name!r} dim {axis} is {declared} in the signature, "
+                                 f"shape_ranges asks for {lo}..{hi}")
+            ranges[name].append((lo, hi))
+    return ranges, notes
+
+
+def from_examples(specs: dict[str, tf.TensorSpec], examples) -> DimRanges:
+    """Ranges spanning the shapes of representative inputs (dicts by input name)."""
+    seen: dict[str, list[tuple[int, int]]] = {}
+    for example in examples:
+        if set(example) != set(specs):
+            raise ValueError(f"input_fn yielded inputs {sorted(example)}, the signature takes {sorted(specs)}")
+        for name, value in example.items():
+            shape = np.shape(value)
+            if len(shape) != specs[name].shape.rank:
+                raise ValueError(f"input_fn's {name!r} has rank {len(shape)}, the signature's {specs[name].shape.rank}")
+            old = seen.get(name, [(d, d) for d in shape])
+            seen[name] = [(min(lo, d), max(hi, d)) for (lo, hi), d in zip(old, shape)]
+    if not seen:
+        raise ValueError("input_fn yielded no inputs")
+    return seen
+
+
+def row_ranges(function, specs: dict[str, tf.TensorSpec], ranges: DimRanges,
+               contracted: list[int]) -> list[tuple[int, int]]:
+    """(lo, hi) of M for each layer input `function` returns (in order), with its trailing dims contracted."""
+    corners = []
+    for end in (0, 1):
+        inputs = [tf.zeros([r[end] for r in ranges[name]], spec.dtype) for name, spec in specs.items()]
+        shapes = [t.shape.as_list() for t in function(*inputs)]
+        corners.append([math.prod(shape[: len(shape) - c]) for shape, c in zip(shapes, contracted)])
+    return [(min(lo, hi), max(lo, hi)) for lo, hi in zip(*corners)]

@@ -1,0 +1,121 @@
+"""optimize() on a Keras 3 encoder block exported as a SavedModel: every dense
+form is fused, outputs match the original in a fresh process (in and outside
+the tuned range, every signature), and bad input fails clearly with nothing
+written."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dietcode
+from tf_dietcode.tuning import search
+
+TINY_TUNING = search.SearchOptions(trials=4, batch=4, samples=3)
+RANGES = {"x": [(1, 2), (1, 12), 32]}
+
+
+def encoder_block():
+    """Dense (exact GELU) on 3-D input, Dense, MultiHeadAttention, Dense (relu) on 2-D input."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((None, 32), name="x")
+    hidden = keras.layers.Dense(64, activation="gelu")(inputs)
+    hidden = keras.layers.Dense(32)(hidden)
+    attended = keras.layers.MultiHeadAttention(num_heads=2, key_dim=16)(hidden, hidden)
+    outputs = keras.layers.Dense(8, activation="relu")(attended[:, 0])
+    return keras.Model(inputs, outputs)
+
+
+@pytest.fixture(scope="module")
+def optimized(tmp_path_factory):
+    root = tmp_path_factory.mktemp("optimize")
+    encoder_block().export(str(root / "original"), verbose=False)
+    report = tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=RANGES, tuning=TINY_TUNING)
+    return root, report
+
+
+def test_every_dense_form_is_found_and_fused(optimized):
+    _, report = optimized
+    assert report.signatures == ["serve", "serving_default"]
+    # per signature: 2 tensordot (Dense on 3-D), 4 einsum (Q, K, V, attention output), 1 matmul (Dense on 2-D)
+    assert dict(report.found) == {"tensordot": 4, "einsum": 8, "matmul": 2}
+    assert report.fused == report.found
+    activations = sorted(w.activation for w in report.workloads)
+    assert activations == ["gelu", "none", "none", "relu"]  # Q/K/V share one workload
+    assert {w.m.hi for w in report.workloads} == {24, 2}     # 2 x 12 rows, and 2 rows after the slice
+    assert "dense (einsum): 8 / 8" in report.summary()
+
+
+FRESH_PROCESS = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+tf.load_op_library(sys.argv[1])
+model = tf.saved_model.load(sys.argv[2])
+inputs = np.load(sys.argv[3])
+print(json.dumps({key: {str(t): model.signatures[key](x=inputs[str(t)])["output_0"].numpy().tolist()
+                        for t in json.loads(sys.argv[4])} for key in ("serve", "serving_default")}))
+"""
+
+
+def test_moved_output_in_a_fresh_process_matches_the_original(optimized, rng):
+    root, _ = optimized
+    moved = root / "moved"
+    shutil.copytree(root / "optimized", moved)
+    lengths = [1, 2, 7, 12, 13, 30]  # 13 and 30 are outside the tuned range: the generic kernel
+    inputs = {str(t): rng.uniform(-1, 1, (2, t, 32)).astype(np.float32) for t in lengths}
+    np.savez(root / "inputs.npz", **inputs)
+    from tf_dietcode.op_library import LIBRARY_PATH
+
+    result = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(LIBRARY_PATH), str(moved),
+                             str(root / "inputs.npz"), json.dumps(lengths)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs = json.loads(result.stdout.strip().splitlines()[-1])
+    original = tf.saved_model.load(str(root / "original"))
+    for key in ("serve", "serving_default"):
+        for t in lengths:
+            expected = original.signatures[key](x=inputs[str(t)])["output_0"].numpy()
+            np.testing.assert_allclose(outputs[key][str(t)], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+def test_the_optimized_model_runs_tuned_kernels(optimized):
+    root, _ = optimized
+    model = tf.saved_model.load(str(root / "optimized"))
+    manifest = next((root / "optimized" / "assets").glob("manifest*.json"))
+    before = tf_dietcode.ops.bundle_stats(str(manifest))
+    model.signatures["serving_default"](x=np.ones((2, 5, 32), np.float32))
+    after = tf_dietcode.ops.bundle_stats(str(manifest))
+    assert after["problem"] == "" and after["generic_calls"] == before["generic_calls"]
+    assert sum(map(sum, (w["calls"] for w in after["workloads"]))) - \
+        sum(map(sum, (w["calls"] for w in before["workloads"]))) == 7  # every dense layer
+
+
+@pytest.mark.parametrize("arguments,error,match", [
+    ({"shape_ranges": {"y": [1, 1, 32]}}, ValueError, "unknown input"),
+    ({"shape_ranges": {"x": [1, (5, 2), 32]}}, ValueError, "min <= max"),
+    ({"shape_ranges": {"x": [1, 2]}}, ValueError, "rank 3"),
+    ({"shape_ranges": {"x": [1, 2, 16]}}, ValueError, "is 32 in the signature"),
+    ({"signature_keys": ["nope"]}, ValueError, "unknown signature"),
+    ({"tags": ["train"]}, ValueError, "cannot load"),
+])
+def test_bad_arguments_fail_clearly_and_write_nothing(optimized, tmp_path, arguments, error, match):
+    root, _ = optimized
+    before = sorted(p.name for p in (root / "original").rglob("*"))
+    with pytest.raises(error, match=match):
+        tf_dietcode.optimize(root / "original", tmp_path / "out", tuning=TINY_TUNING, **arguments)
+    assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in (root / "original").rglob("*")) == before
+
+
+def test_not_a_saved_model_and_existing_output(optimized, tmp_path):
+    root, _ = optimized
+    with pytest.raises(ValueError, match="not a SavedModel"):
+        tf_dietcode.optimize(tmp_path, tmp_path / "out")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=RANGES, tuning=TINY_TUNING)

@@ -1,0 +1,210 @@
+"""tf_dietcode.optimize() and Converter: a SavedModel in, a faster SavedModel out.
+
+Like TF-TRT's converter: `optimize(input_dir, output_dir, ...)` in one call,
+or `Converter(input_dir, ...)` with `convert()`, `build(input_fn)`,
+`save(output_dir)` and `summary()`. Every signature is kept with its name and
+inputs/outputs, variables stay variables (nothing is frozen), the kernel
+bundle travels in the output's assets/, and the output appears atomically.
+"""
+
+import collections
+import dataclasses
+import pathlib
+import shutil
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from tf_dietcode.graph_rewrite import dense_patterns, rewrite, shape_ranges, signature_graph
+from tf_dietcode.graph_rewrite.graph_index import GraphIndex
+from tf_dietcode.op_library import load_op_library
+from tf_dietcode.tuning import bundle as kernel_bundle
+from tf_dietcode.tuning import search
+from tf_dietcode.tuning.templates import dense
+from tf_dietcode.tuning.workload import Workload
+
+
+@dataclasses.dataclass
+class Report:
+    signatures: list[str]
+    ranges: dict[str, dict[str, list[tuple[int, int]]]]   # signature -> input -> (lo, hi) per dim
+    notes: list[str]
+    found: collections.Counter                            # per form
+    fused: collections.Counter
+    left_alone: list[dense_patterns.LeftAlone]
+    workloads: list[Workload]
+    output_dir: str | None = None
+
+    def summary(self) -> str:
+        lines = [f"signatures: {', '.join(self.signatures)}"]
+        for key, inputs in self.ranges.items():
+            lines += [f"  {key}.{name}: " + " x ".join(f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in dims)
+                      for name, dims in inputs.items()]
+        lines += [f"note: {note}" for note in self.notes]
+        lines.append("patterns (found / fused):")
+        lines += [f"  dense ({form}): {count} / {self.fused[form]}" for form, count in sorted(self.found.items())]
+        lines += [f"  left alone: {p.form} {p.node}: {p.reason}" for p in self.left_alone]
+        lines.append(f"workloads tuned: {len(self.workloads)}")
+        lines += [f"  dense M={w.m.lo}..{w.m.hi} N={w.n.lo} K={w.k.lo} bias={w.bias} {w.activation}"
+                  for w in self.workloads]
+        if self.output_dir:
+            lines.append(f"written to {self.output_dir}")
+        return "\n".join(lines)
+
+
+def _workload(match: dense_patterns.DenseMatch, rows: tuple[int, int]) -> Workload:
+    return Workload("dense", (max(rows[0], 1), max(rows[1], 1)), match.n, match.k,
+                    bias=match.bias is not None, activation=match.activation)
+
+
+class Converter:
+    """Finds fusable patterns, tunes them for the model's shape ranges, writes the optimized model."""
+
+    def __init__(self, input_saved_model_dir: str | pathlib.Path, *, tags=("serve",),
+                 signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
+                 tuning: search.SearchOptions = search.SearchOptions(), database=None):
+        self.input_dir = pathlib.Path(input_saved_model_dir)
+        if not tf.saved_model.contains_saved_model(str(self.input_dir)):
+            raise ValueError(f"{self.input_dir} is not a SavedModel directory")
+        self.tags, self.signature_keys, self.shape_ranges = list(tags), signature_keys, shape_ranges
+        self.tuning, self.database = tuning, database
+        self._converted = False
+        self._bundle_dir: pathlib.Path | None = None
+
+    def convert(self) -> "Converter":
+        """Loads the model, matches patterns in every signature and sizes them from the shape ranges."""
+        load_op_library()
+        try:
+            self.loaded = tf.saved_model.load(str(self.input_dir), tags=self.tags)
+        except (RuntimeError, ValueError) as error:
+            raise ValueError(f"cannot load {self.input_dir} with tags {self.tags}: {error}") from error
+        keys = self.signature_keys or sorted(self.loaded.signatures)
+        missing = sorted(set(keys) - set(self.loaded.signatures))
+        if missing:
+            raise ValueError(f"unknown signature(s) {missing}; the model has {sorted(self.loaded.signatures)}")
+        variables = signature_graph.variables_of(self.loaded)
+        self.graphs = [signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys]
+        self.matches, self.ranges, notes, left, found = {}, {}, [], [], collections.Counter()
+        for graph in self.graphs:
+            captured = {name: variables[id(t)].numpy() for name, t in graph.captures.items() if id(t) in variables}
+            matches, left_alone = dense_patterns.find(GraphIndex(graph.graph_def, captured))
+            self.matches[graph.key], left = matches, left + left_alone
+            found.update(m.form for m in matches)
+            self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges)
+            notes += [f"{graph.key}: {note}" for note in graph_notes]
+        self._variables = variables
+        self.report = Report(keys, self.ranges, notes, found, collections.Counter(), left, [])
+        self._converted = True
+        return self
+
+    def build(self, input_fn=None) -> "Converter":
+        """Tunes every distinct workload; with `input_fn` (yielding dicts of inputs), the shape
+        ranges span the inputs it yields instead."""
+        if not self._converted:
+            self.convert()
+        if input_fn is not None:
+            examples = list(input_fn())
+            self.ranges = {g.key: shape_ranges.from_examples(g.input_specs, examples) for g in self.graphs}
+            self.report.ranges, self.report.notes = self.ranges, []
+        self._workloads = {}
+        for graph in self.graphs:
+            matches = self.matches[graph.key]
+            if not matches:
+                continue
+            inputs = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors,
+                                                    {str(i): m.x for i, m in enumerate(matches)},
+                                                    graph.captures, graph.graph_def)
+            layer_inputs = inputs.function()
+
+            def run(*args, layer_inputs=layer_inputs, count=len(matches)):
+                values = layer_inputs(*args)
+                return [values[str(i)] for i in range(count)]
+
+            rows = shape_ranges.row_ranges(run, graph.input_specs, self.ranges[graph.key],
+                                           [m.contracted for m in matches])
+            for match, m_range in zip(matches, rows):
+                self._workloads[(graph.key, match.core)] = _workload(match, m_range)
+        workloads = list(dict.fromkeys(self._workloads.values()))
+        self.report.workloads = workloads
+        if not workloads:
+            return self
+        from tf_dietcode.tuning.tune import tune
+
+        self._staging = pathlib.Path(tempfile.mkdtemp(prefix="tf_dietcode-"))
+        self._bundle_dir = self._staging / "bundle"
+        manifest = tune(workloads, self._bundle_dir, options=self.tuning, database=self.database).manifest
+        self._layouts = {w: entry["weight_layout"] for w, entry in zip(workloads, manifest["workloads"])}
+        return self
+
+    def save(self, output_saved_model_dir: str | pathlib.Path, *, overwrite: bool = False) -> Report:
+        """Writes the optimized SavedModel (atomically: a staging directory renamed at the end)."""
+        output = pathlib.Path(output_saved_model_dir).absolute()
+        if output.exists() and not overwrite:
+            raise FileExistsError(f"{output} exists; pass overwrite=True to replace it")
+        if output.resolve() == self.input_dir.resolve():
+            raise ValueError("the output directory must differ from the input (the input is never modified)")
+        if self._bundle_dir is None:
+            self.build()
+        output.parent.mkdir(parents=True, exist_ok=True)
+        staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{output.name}-", dir=output.parent))
+        try:
+            tf.saved_model.save(self._module(), str(staging), signatures=self._signatures)
+            if output.exists():
+                shutil.rmtree(output)
+            staging.rename(output)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self.report.output_dir = str(output)
+        return self.report
+
+    def summary(self) -> str:
+        return self.report.summary()
+
+    def _module(self) -> tf.Module:
+        """A module tracking the variables, packed weights and bundle the rewritten signatures capture."""
+        module = tf.Module()
+        module.variables_kept, module.packed_weights, self._signatures = [], [], {}
+        if self._bundle_dir is not None and self.report.workloads:
+            module.bundle_manifest = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.MANIFEST))
+            module.bundle_library = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.LIBRARY))
+        for graph in self.graphs:
+            graph_def, captures, outputs = tf.compat.v1.GraphDef(), dict(graph.captures), dict(graph.output_tensors)
+            graph_def.CopyFrom(graph.graph_def)
+            matches = self.matches[graph.key]
+            if matches:
+                rewrite.add_placeholder(graph_def, rewrite.BUNDLE_PLACEHOLDER, tf.string)
+                captures[rewrite.BUNDLE_PLACEHOLDER] = module.bundle_manifest.asset_path
+            replaced: dict[str, str] = {}
+            for i, match in enumerate(matches):
+                layout = self._layouts[self._workloads[(graph.key, match.core)]]
+                packed = tf.Variable(dense.pack_weight(match.weight.T, layout["tile_n"], layout["blocks"]),
+                                     trainable=False, name=f"dietcode_packed_{i}")
+                module.packed_weights.append(packed)
+                placeholder = f"dietcode/packed_{i}"
+                rewrite.add_placeholder(graph_def, placeholder, tf.resource)
+                captures[placeholder] = packed.handle
+                output = rewrite.splice_dense(graph_def, match, f"dietcode/dense_{i}", placeholder, replaced)
+                outputs = {k: output if v == match.output else v for k, v in outputs.items()}
+                self.report.fused[match.form] += 1
+            rewritten = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors,
+                                                       outputs, captures, graph_def)
+            module.variables_kept += [self._variables[id(t)] for t in graph.captures.values()
+                                      if id(t) in self._variables]
+            function = rewritten.function()
+            specs = [tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in graph.input_specs.items()]
+            self._signatures[graph.key] = tf.function(lambda *args, f=function: f(*args),
+                                                      input_signature=specs).get_concrete_function()
+        return module
+
+
+def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: str | pathlib.Path, *,
+             tags=("serve",), signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
+             input_fn=None, tuning: search.SearchOptions = search.SearchOptions(), database=None,
+             overwrite: bool = False) -> Report:
+    """Optimizes a SavedModel for the given shape ranges (or representative inputs); returns the report."""
+    converter = Converter(input_saved_model_dir, tags=tags, signature_keys=signature_keys,
+                          shape_ranges=shape_ranges, tuning=tuning, database=database)
+    converter.convert().build(input_fn)
+    return converter.save(output_saved_model_dir, overwrite=overwrite)
