@@ -15,10 +15,11 @@ $(INSTALLED): setup.py requirements.txt requirements-dev.txt $(wildcard ops/*.cc
 	touch $@
 
 demo: $(INSTALLED)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.generic_kernels --quick
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.demo --quick
 
 bench: $(INSTALLED)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.generic_kernels
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.demo
 
 test: $(INSTALLED)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests

@@ -4,7 +4,7 @@ A dense layer is  act(x @ W + b)  contracting x's trailing dims with a weight
 fixed at optimize time. The forms:
 
   MatMul(x, W) [transpose_b: W stored [N, K]]           Keras Dense on 2-D input
-  Reshape(MatMul(Reshape(Transpose(x)), W))             Keras Dense on N-D input (tensordot)
+  Reshape(MatMul(Reshape(...), W), shape)               Keras Dense on N-D input (tensordot, matmul)
   Einsum 'abc,cde->abde', 'abcd,cde->abe', ...           EinsumDense (attention projections)
 
 then optionally BiasAdd/Add/AddV2 of a fixed bias, then optionally Relu,
@@ -33,6 +33,7 @@ class DenseMatch:
     bias: str | None = None   # a tensor holding N values (any shape)
     activation: str = "none"
     output: str = ""          # the tensor the fused op's result replaces
+    out_shape: str | None = None  # a tensor with the output's shape, when the graph computes one
 
     @property
     def k(self) -> int:
@@ -82,18 +83,20 @@ def _matmul_core(index: GraphIndex, node) -> DenseMatch | LeftAlone:
     weight = weight.T if node.attr["transpose_b"].b else weight
     x, output = tensor_name(node.input[0]), f"{node.name}:0"
     match = DenseMatch(form, node.name, x, 1, np.ascontiguousarray(weight), [weight.shape[1]], output=output)
-    flatten, unflatten = index.producer(x), index.sole_consumer(output)
-    if flatten.op == "Reshape" and unflatten is not None and unflatten.op == "Reshape":
-        transpose = index.producer(flatten.input[0])
-        perm = index.value(transpose.input[1]) if transpose.op == "Transpose" else None
-        source_shape = index.shape(transpose.input[0]) if perm is not None else None
-        if (perm is not None and list(perm) == list(range(len(perm))) and source_shape
-                and source_shape[-1] == weight.shape[0] and index.sole_consumer(transpose.name) is flatten
-                and index.sole_consumer(flatten.name) is node):
-            match.form, match.x, match.output = "tensordot", tensor_name(transpose.input[0]), f"{unflatten.name}:0"
-    elif index.shape(x) is None or len(index.shape(x)) != 2:
+    unflatten = index.sole_consumer(output)
+    if _is_flattened(index, x, node) and unflatten is not None and unflatten.op == "Reshape":
+        # The graph's own flattening and unflattening stay; only the product between them is fused.
+        match.form, match.output, match.out_shape = "tensordot", f"{unflatten.name}:0", tensor_name(unflatten.input[1])
+    elif index.shape(x) is not None and len(index.shape(x)) != 2:
         return LeftAlone(form, node.name, "input is not a matrix")
     return match
+
+
+def _is_flattened(index: GraphIndex, x: str, matmul) -> bool:
+    """x = Reshape(X) or Reshape(Transpose(X)) read only by this MatMul: Keras' tensordot, or its
+    matmul of an N-D input by a matrix, which reshape the product back afterwards."""
+    flatten = index.producer(x)
+    return flatten.op == "Reshape" and index.sole_consumer(flatten.name) is matmul
 
 
 def _einsum_core(index: GraphIndex, node) -> DenseMatch | LeftAlone:

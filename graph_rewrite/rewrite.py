@@ -17,8 +17,9 @@ from tf_dietcode.graph_rewrite.graph_index import node_name, tensor_name
 BUNDLE_PLACEHOLDER = "dietcode/bundle"
 
 
-def _replacement(match: DenseMatch, packed_n: int) -> tf.compat.v1.GraphDef:
-    """act(x @ W + b) over x's trailing dims, with W pre-packed; placeholders x, packed, bias, bundle."""
+def _replacement(match: DenseMatch) -> tf.compat.v1.GraphDef:
+    """act(x @ W + b) over x's trailing dims, with W pre-packed, as node "out"; placeholders x,
+    packed, bias, bundle and out_shape stand for tensors of the graph it goes into."""
     graph = tf.Graph()
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.float32, name="x")
@@ -26,10 +27,15 @@ def _replacement(match: DenseMatch, packed_n: int) -> tf.compat.v1.GraphDef:
                                            dtype=tf.float32)
         bias = tf.reshape(tf.compat.v1.placeholder(tf.float32, name="bias"), [-1]) if match.bias else None
         bundle = tf.compat.v1.placeholder(tf.string, [], name="bundle")
-        leading = tf.shape(x)[: -match.contracted]
-        product = ops.fused_matmul(tf.reshape(x, [-1, match.k]), packed, bias, activation=match.activation,
-                                   packed_n=packed_n, bundle=bundle)
-        tf.reshape(product, tf.concat([leading, tf.constant(match.out_dims, tf.int32)], 0), name="out")
+        flat = match.form != "einsum"  # x is [M, K] already
+        product = ops.fused_matmul(x if flat else tf.reshape(x, [-1, match.k]), packed, bias,
+                                   activation=match.activation, packed_n=match.n, bundle=bundle,
+                                   name="out" if match.out_shape is None and flat else None)
+        if match.out_shape is not None:
+            tf.reshape(product, tf.compat.v1.placeholder(tf.int32, name="out_shape"), name="out")
+        elif not flat:
+            leading = tf.shape(x)[: -match.contracted]
+            tf.reshape(product, tf.concat([leading, tf.constant(match.out_dims, tf.int32)], 0), name="out")
     return graph.as_graph_def()
 
 
@@ -46,7 +52,7 @@ def splice_dense(graph_def: tf.compat.v1.GraphDef, match: DenseMatch, prefix: st
     (a layer's input may be one) and gains this layer's entry.
     """
     bound = {"x": replaced.get(match.x, match.x), "packed": f"{packed_placeholder}:0", "bias": match.bias,
-             "bundle": f"{BUNDLE_PLACEHOLDER}:0"}
+             "bundle": f"{BUNDLE_PLACEHOLDER}:0", "out_shape": match.out_shape}
 
     def rename(source: str) -> str:
         control = source.startswith("^")
@@ -55,7 +61,7 @@ def splice_dense(graph_def: tf.compat.v1.GraphDef, match: DenseMatch, prefix: st
             return ("^" + node_name(bound[name])) if control else bound[name]
         return ("^" if control else "") + f"{prefix}/{source.lstrip('^')}"
 
-    for node in _replacement(match, match.n).node:
+    for node in _replacement(match).node:
         if node.name in bound:
             continue
         new = graph_def.node.add()
