@@ -94,6 +94,9 @@ def test_the_optimized_model_runs_tuned_kernels(optimized):
     assert after["problem"] == "" and after["generic_calls"] == before["generic_calls"]
     assert sum(map(sum, (w["calls"] for w in after["workloads"]))) - \
         sum(map(sum, (w["calls"] for w in before["workloads"]))) == 7  # every dense layer
+    packed = {v.name for v in tf.train.TrackableView(model).descendants()
+              if isinstance(v, tf.Variable) and v.name.startswith("dietcode_packed")}
+    assert len(packed) == 7  # one per layer, shared by both signatures
 
 
 @pytest.mark.parametrize("arguments,error,match", [

@@ -9,11 +9,11 @@ bundle travels in the output's assets/, and the output appears atomically.
 
 import collections
 import dataclasses
+import hashlib
 import pathlib
 import shutil
 import tempfile
 
-import numpy as np
 import tensorflow as tf
 
 from tf_dietcode.graph_rewrite import dense_patterns, rewrite, shape_ranges, signature_graph
@@ -69,7 +69,7 @@ class Converter:
             raise ValueError(f"{self.input_dir} is not a SavedModel directory")
         self.tags, self.signature_keys, self.shape_ranges = list(tags), signature_keys, shape_ranges
         self.tuning, self.database = tuning, database
-        self._converted = False
+        self._converted = self._built = False
         self._bundle_dir: pathlib.Path | None = None
 
     def convert(self) -> "Converter":
@@ -107,7 +107,7 @@ class Converter:
             examples = list(input_fn())
             self.ranges = {g.key: shape_ranges.from_examples(g.input_specs, examples) for g in self.graphs}
             self.report.ranges, self.report.notes = self.ranges, []
-        self._workloads = {}
+        self._workloads, self._built = {}, True
         for graph in self.graphs:
             matches = self.matches[graph.key]
             if not matches:
@@ -131,8 +131,8 @@ class Converter:
             return self
         from tf_dietcode.tuning.tune import tune
 
-        self._staging = pathlib.Path(tempfile.mkdtemp(prefix="tf_dietcode-"))
-        self._bundle_dir = self._staging / "bundle"
+        self._tuning_dir = tempfile.TemporaryDirectory(prefix="tf_dietcode-")  # removed with the converter
+        self._bundle_dir = pathlib.Path(self._tuning_dir.name) / "bundle"
         manifest = tune(workloads, self._bundle_dir, options=self.tuning, database=self.database).manifest
         self._layouts = {w: entry["weight_layout"] for w, entry in zip(workloads, manifest["workloads"])}
         return self
@@ -144,7 +144,7 @@ class Converter:
             raise FileExistsError(f"{output} exists; pass overwrite=True to replace it")
         if output.resolve() == self.input_dir.resolve():
             raise ValueError("the output directory must differ from the input (the input is never modified)")
-        if self._bundle_dir is None:
+        if not self._built:
             self.build()
         output.parent.mkdir(parents=True, exist_ok=True)
         staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{output.name}-", dir=output.parent))
@@ -166,6 +166,7 @@ class Converter:
         """A module tracking the variables, packed weights and bundle the rewritten signatures capture."""
         module = tf.Module()
         module.variables_kept, module.packed_weights, self._signatures = [], [], {}
+        packed_by_content: dict[tuple, tf.Variable] = {}  # signatures share layers: pack each weight once
         if self._bundle_dir is not None and self.report.workloads:
             module.bundle_manifest = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.MANIFEST))
             module.bundle_library = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.LIBRARY))
@@ -179,9 +180,13 @@ class Converter:
             replaced: dict[str, str] = {}
             for i, match in enumerate(matches):
                 layout = self._layouts[self._workloads[(graph.key, match.core)]]
-                packed = tf.Variable(dense.pack_weight(match.weight.T, layout["tile_n"], layout["blocks"]),
-                                     trainable=False, name=f"dietcode_packed_{i}")
-                module.packed_weights.append(packed)
+                key = (hashlib.sha1(match.weight.tobytes()).hexdigest(), match.weight.shape, layout["tile_n"])
+                if key not in packed_by_content:
+                    packed_by_content[key] = tf.Variable(
+                        dense.pack_weight(match.weight.T, layout["tile_n"], layout["blocks"]),
+                        trainable=False, name=f"dietcode_packed_{len(packed_by_content)}")
+                    module.packed_weights.append(packed_by_content[key])
+                packed = packed_by_content[key]
                 placeholder = f"dietcode/packed_{i}"
                 rewrite.add_placeholder(graph_def, placeholder, tf.resource)
                 captures[placeholder] = packed.handle
