@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tvm
 
-from tf_dietcode.tuning import bundle, cost_model, dispatch, hardware, search
+from tf_dietcode.tuning import bundle, cost_model, dispatch, hardware, search, templates
 from tf_dietcode.tuning.database import Database
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.measure import Measurement
@@ -140,7 +140,16 @@ def test_database_survives_a_truncated_line(tmp_path):
         f.write('{"workload": "cut sh')
     reloaded = Database(path)
     assert reloaded.measurements(WORKLOAD, "cpu") == db.measurements(WORKLOAD, "cpu")
+    assert len(reloaded.measurements(WORKLOAD, "cpu")) == 2
     assert reloaded.measurements(WORKLOAD, "other cpu") == []
+
+
+def test_database_ignores_measurements_of_older_templates(tmp_path):
+    path = tmp_path / "db.jsonl"
+    Database(path).add(WORKLOAD, "cpu", [Measurement(MicroKernel(2, 8, 32, 1, False), (5,), 1e-3)])
+    lines = path.read_text().replace(f'"templates": {templates.TEMPLATES_VERSION}', '"templates": 1')
+    path.write_text(lines)
+    assert Database(path).measurements(WORKLOAD, "cpu") == []
 
 
 def test_runner_records_timeouts_instead_of_failing():

@@ -9,6 +9,10 @@
 
 import importlib
 
+# Bumped whenever generated code changes, so the tuning database stops reusing
+# measurements of older kernels (2: exact GELU's erf became a rational form).
+TEMPLATES_VERSION = 2
+
 from tvm import s_tir, tirx
 
 
