@@ -7,7 +7,7 @@ Builds the encoder with Keras 3 layers as users write them (token and position
 embeddings, MultiHeadAttention, a GELU feed-forward block, LayerNorm), exports
 it, runs tf_dietcode.optimize() for batch 1 and T in [1, 128] (quick tuning
 with --quick), checks the outputs agree, and times one signature call per
-inference of each model at every T (median of repeats, 2 threads). Writes
+inference of each model at every T (median of 41 interleaved repeats, 2 threads). Writes
 demo.csv and demo.png and prints the table.
 """
 
@@ -55,14 +55,17 @@ def encoder() -> keras.Model:
     return keras.Model(ids, hidden)
 
 
-def median_seconds(call, repeats: int = 15) -> float:
-    call()  # warm up
-    samples = []
+def median_seconds(calls: dict, repeats: int = 41) -> dict[str, float]:
+    """Median seconds of each call, the calls interleaved so drift on a noisy machine hits all alike."""
+    samples = {name: [] for name in calls}
+    for name, call in calls.items():
+        call()  # warm up
     for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def main(argv=None):
@@ -92,8 +95,7 @@ def main(argv=None):
         expected, actual = before(input_ids=ids), after(input_ids=ids)
         for key in expected:
             np.testing.assert_allclose(actual[key], expected[key], rtol=1e-4, atol=1e-4)
-        seconds = {name: median_seconds(lambda f=f: f(input_ids=ids)) for name, f in
-                   (("tensorflow", before), ("dietcode", after))}
+        seconds = median_seconds({"tensorflow": lambda: before(input_ids=ids), "dietcode": lambda: after(input_ids=ids)})
         for peer, value in seconds.items():
             rows.append({"workload": f"encoder_{LAYERS}x{HIDDEN}_batch1", "T": t, "peer": peer, "ms": value * 1e3,
                          "speedup_vs_tensorflow": seconds["tensorflow"] / value})
