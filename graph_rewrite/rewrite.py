@@ -1,27 +1,34 @@
-"""Replaces matched dense layers with DietcodeFusedMatMul in a GraphDef.
+"""Replaces matched patterns with Dietcode fused ops in a GraphDef.
 
 Each replacement is written with TF's Python API in a scratch graph (so every
 node is built and typed by TF itself), then spliced in: its placeholders are
-bound to the matched layer's tensors and the new resources, its other nodes
-renamed under a unique prefix, and every reader of the layer's output reads
-the replacement's output instead. Nodes nothing reads any more are pruned
+bound to tensors of the graph it goes into, its other nodes renamed under a
+unique prefix, and every reader of the pattern's output reads the
+replacement's node "out" instead. Nodes nothing reads any more are pruned
 when the graph becomes a function again.
 """
 
 import tensorflow as tf
 
 from tf_dietcode import ops
+from tf_dietcode.graph_rewrite.attention_patterns import AttentionMatch
 from tf_dietcode.graph_rewrite.dense_patterns import DenseMatch
 from tf_dietcode.graph_rewrite.graph_index import node_name, tensor_name
 
 BUNDLE_PLACEHOLDER = "dietcode/bundle"
 
 
-def _replacement(match: DenseMatch) -> tf.compat.v1.GraphDef:
-    """act(x @ W + b) over x's trailing dims, with W pre-packed, as node "out"; placeholders x,
-    packed, bias, bundle and out_shape stand for tensors of the graph it goes into."""
+def _scratch_graph(build) -> tf.compat.v1.GraphDef:
     graph = tf.Graph()
     with graph.as_default():
+        build()
+    return graph.as_graph_def()
+
+
+def dense_replacement(match: DenseMatch) -> tf.compat.v1.GraphDef:
+    """act(x @ W + b) over x's trailing dims, with W pre-packed; placeholders x, packed, bias,
+    bundle and out_shape."""
+    def build():
         x = tf.compat.v1.placeholder(tf.float32, name="x")
         packed = tf.raw_ops.ReadVariableOp(resource=tf.compat.v1.placeholder(tf.resource, name="packed"),
                                            dtype=tf.float32)
@@ -36,7 +43,20 @@ def _replacement(match: DenseMatch) -> tf.compat.v1.GraphDef:
         elif not flat:
             leading = tf.shape(x)[: -match.contracted]
             tf.reshape(product, tf.concat([leading, tf.constant(match.out_dims, tf.int32)], 0), name="out")
-    return graph.as_graph_def()
+    return _scratch_graph(build)
+
+
+def attention_replacement(match: AttentionMatch) -> tf.compat.v1.GraphDef:
+    """transpose(alpha * x' @ op(y'), perm) with x', y' the operands in matmul layout; placeholders x, y, bundle."""
+    def build():
+        x = tf.compat.v1.placeholder(tf.float32, name="x")
+        y = tf.compat.v1.placeholder(tf.float32, name="y")
+        bundle = tf.compat.v1.placeholder(tf.string, [], name="bundle")
+        ops.fused_batch_matmul_transpose(
+            x if match.x_perm is None else tf.transpose(x, match.x_perm),
+            y if match.y_perm is None else tf.transpose(y, match.y_perm),
+            match.perm, adj_y=match.adj_y, alpha=match.alpha, bundle=bundle, name="out")
+    return _scratch_graph(build)
 
 
 def add_placeholder(graph_def: tf.compat.v1.GraphDef, name: str, dtype: tf.DType) -> None:
@@ -44,15 +64,20 @@ def add_placeholder(graph_def: tf.compat.v1.GraphDef, name: str, dtype: tf.DType
     node.attr["dtype"].type = dtype.as_datatype_enum
 
 
-def splice_dense(graph_def: tf.compat.v1.GraphDef, match: DenseMatch, prefix: str, packed_placeholder: str,
-                 replaced: dict[str, str]) -> str:
-    """Adds match's replacement and rewires its readers; returns the new output tensor.
+def add_string_constant(graph_def: tf.compat.v1.GraphDef, name: str, value: str) -> None:
+    node = graph_def.node.add(name=name, op="Const")
+    node.attr["dtype"].type = tf.string.as_datatype_enum
+    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
 
-    `replaced` maps the outputs of layers spliced before to their replacements
-    (a layer's input may be one) and gains this layer's entry.
+
+def splice(graph_def: tf.compat.v1.GraphDef, replacement: tf.compat.v1.GraphDef, bound: dict[str, str | None],
+           prefix: str, old_output: str, replaced: dict[str, str]) -> str:
+    """Adds `replacement` (its placeholders bound to tensors by name) and rewires old_output's readers.
+
+    `replaced` maps the outputs of patterns spliced before to their replacements
+    (a bound tensor may be one) and gains this pattern's entry. Returns the new output.
     """
-    bound = {"x": replaced.get(match.x, match.x), "packed": f"{packed_placeholder}:0", "bias": match.bias,
-             "bundle": f"{BUNDLE_PLACEHOLDER}:0", "out_shape": match.out_shape}
+    bound = {name: replaced.get(tensor, tensor) for name, tensor in bound.items()}
 
     def rename(source: str) -> str:
         control = source.startswith("^")
@@ -61,18 +86,16 @@ def splice_dense(graph_def: tf.compat.v1.GraphDef, match: DenseMatch, prefix: st
             return ("^" + node_name(bound[name])) if control else bound[name]
         return ("^" if control else "") + f"{prefix}/{source.lstrip('^')}"
 
-    for node in _replacement(match).node:
+    for node in replacement.node:
         if node.name in bound:
             continue
         new = graph_def.node.add()
         new.CopyFrom(node)
         new.name = f"{prefix}/{node.name}"
         new.input[:] = [rename(i) for i in node.input]
-    output = f"{prefix}/out:0"
-    old = tensor_name(match.output)
+    output, old = f"{prefix}/out:0", tensor_name(old_output)
     for node in graph_def.node:
-        if node.name.startswith(prefix + "/"):
-            continue
-        node.input[:] = [output if tensor_name(i) == old else i for i in node.input]
+        if not node.name.startswith(prefix + "/"):
+            node.input[:] = [output if tensor_name(i) == old else i for i in node.input]
     replaced[old] = output
     return output

@@ -16,7 +16,7 @@ import tempfile
 
 import tensorflow as tf
 
-from tf_dietcode.graph_rewrite import dense_patterns, rewrite, shape_ranges, signature_graph
+from tf_dietcode.graph_rewrite import attention_patterns, dense_patterns, rewrite, shape_ranges, signature_graph
 from tf_dietcode.graph_rewrite.graph_index import GraphIndex
 from tf_dietcode.op_library import load_op_library
 from tf_dietcode.tuning import bundle as kernel_bundle
@@ -43,7 +43,8 @@ class Report:
                       for name, dims in inputs.items()]
         lines += [f"note: {note}" for note in self.notes]
         lines.append("patterns (found / fused):")
-        lines += [f"  dense ({form}): {count} / {self.fused[form]}" for form, count in sorted(self.found.items())]
+        lines += [f"  {form if form.startswith('attention') else f'dense ({form})'}: {count} / {self.fused[form]}"
+                  for form, count in sorted(self.found.items())]
         lines += [f"  left alone: {p.form} {p.node}: {p.reason}" for p in self.left_alone]
         lines.append(f"workloads tuned: {len(self.workloads)}")
         lines += [f"  dense M={w.m.lo}..{w.m.hi} N={w.n.lo} K={w.k.lo} bias={w.bias} {w.activation}"
@@ -85,12 +86,15 @@ class Converter:
             raise ValueError(f"unknown signature(s) {missing}; the model has {sorted(self.loaded.signatures)}")
         variables = signature_graph.variables_of(self.loaded)
         self.graphs = [signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys]
-        self.matches, self.ranges, notes, left, found = {}, {}, [], [], collections.Counter()
+        self.matches, self.attention, self.ranges = {}, {}, {}
+        notes, left, found = [], [], collections.Counter()
         for graph in self.graphs:
             captured = {name: variables[id(t)].numpy() for name, t in graph.captures.items() if id(t) in variables}
-            matches, left_alone = dense_patterns.find(GraphIndex(graph.graph_def, captured))
+            index = GraphIndex(graph.graph_def, captured)
+            matches, left_alone = dense_patterns.find(index)
             self.matches[graph.key], left = matches, left + left_alone
-            found.update(m.form for m in matches)
+            self.attention[graph.key] = attention_patterns.find(index)
+            found.update(m.form for m in [*matches, *self.attention[graph.key]])
             self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges)
             notes += [f"{graph.key}: {note}" for note in graph_notes]
         self._variables = variables
@@ -166,35 +170,12 @@ class Converter:
         """A module tracking the variables, packed weights and bundle the rewritten signatures capture."""
         module = tf.Module()
         module.variables_kept, module.packed_weights, self._signatures = [], [], {}
-        packed_by_content: dict[tuple, tf.Variable] = {}  # signatures share layers: pack each weight once
+        self._packed_by_content: dict[tuple, tf.Variable] = {}  # signatures share layers: pack each weight once
         if self._bundle_dir is not None and self.report.workloads:
             module.bundle_manifest = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.MANIFEST))
             module.bundle_library = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.LIBRARY))
         for graph in self.graphs:
-            graph_def, captures, outputs = tf.compat.v1.GraphDef(), dict(graph.captures), dict(graph.output_tensors)
-            graph_def.CopyFrom(graph.graph_def)
-            matches = self.matches[graph.key]
-            if matches:
-                rewrite.add_placeholder(graph_def, rewrite.BUNDLE_PLACEHOLDER, tf.string)
-                captures[rewrite.BUNDLE_PLACEHOLDER] = module.bundle_manifest.asset_path
-            replaced: dict[str, str] = {}
-            for i, match in enumerate(matches):
-                layout = self._layouts[self._workloads[(graph.key, match.core)]]
-                key = (hashlib.sha1(match.weight.tobytes()).hexdigest(), match.weight.shape, layout["tile_n"])
-                if key not in packed_by_content:
-                    packed_by_content[key] = tf.Variable(
-                        dense.pack_weight(match.weight.T, layout["tile_n"], layout["blocks"]),
-                        trainable=False, name=f"dietcode_packed_{len(packed_by_content)}")
-                    module.packed_weights.append(packed_by_content[key])
-                packed = packed_by_content[key]
-                placeholder = f"dietcode/packed_{i}"
-                rewrite.add_placeholder(graph_def, placeholder, tf.resource)
-                captures[placeholder] = packed.handle
-                output = rewrite.splice_dense(graph_def, match, f"dietcode/dense_{i}", placeholder, replaced)
-                outputs = {k: output if v == match.output else v for k, v in outputs.items()}
-                self.report.fused[match.form] += 1
-            rewritten = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors,
-                                                       outputs, captures, graph_def)
+            rewritten = self._rewrite(graph, module)
             module.variables_kept += [self._variables[id(t)] for t in graph.captures.values()
                                       if id(t) in self._variables]
             function = rewritten.function()
@@ -202,6 +183,48 @@ class Converter:
             self._signatures[graph.key] = tf.function(lambda *args, f=function: f(*args),
                                                       input_signature=specs).get_concrete_function()
         return module
+
+    def _rewrite(self, graph: signature_graph.SignatureGraph, module: tf.Module) -> signature_graph.SignatureGraph:
+        """The signature with every match spliced in as a fused op."""
+        graph_def, captures, outputs = tf.compat.v1.GraphDef(), dict(graph.captures), dict(graph.output_tensors)
+        graph_def.CopyFrom(graph.graph_def)
+        dense_matches, attention_matches = self.matches[graph.key], self.attention[graph.key]
+        if hasattr(module, "bundle_manifest"):
+            rewrite.add_placeholder(graph_def, rewrite.BUNDLE_PLACEHOLDER, tf.string)
+            captures[rewrite.BUNDLE_PLACEHOLDER] = module.bundle_manifest.asset_path
+        else:  # nothing tuned: every op runs the generic kernel
+            rewrite.add_string_constant(graph_def, rewrite.BUNDLE_PLACEHOLDER, "")
+        replaced: dict[str, str] = {}
+        bundle = f"{rewrite.BUNDLE_PLACEHOLDER}:0"
+        for i, match in enumerate(dense_matches):
+            placeholder = f"dietcode/packed_{i}"
+            rewrite.add_placeholder(graph_def, placeholder, tf.resource)
+            captures[placeholder] = self._packed_weight(match, self._workloads[(graph.key, match.core)], module).handle
+            bound = {"x": match.x, "packed": f"{placeholder}:0", "bias": match.bias, "bundle": bundle,
+                     "out_shape": match.out_shape}
+            output = rewrite.splice(graph_def, rewrite.dense_replacement(match), bound, f"dietcode/dense_{i}",
+                                    match.output, replaced)
+            outputs = {k: output if v == match.output else v for k, v in outputs.items()}
+            self.report.fused[match.form] += 1
+        for i, match in enumerate(attention_matches):
+            bound = {"x": match.x, "y": match.y, "bundle": bundle}
+            output = rewrite.splice(graph_def, rewrite.attention_replacement(match), bound,
+                                    f"dietcode/attention_{i}", match.output, replaced)
+            outputs = {k: output if v == match.output else v for k, v in outputs.items()}
+            self.report.fused[match.form] += 1
+        return signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, outputs,
+                                              captures, graph_def)
+
+    def _packed_weight(self, match: dense_patterns.DenseMatch, workload: Workload, module: tf.Module) -> tf.Variable:
+        """The layer's weight in its kernels' packed layout, as a variable (one per distinct weight)."""
+        layout = self._layouts[workload]
+        key = (hashlib.sha1(match.weight.tobytes()).hexdigest(), match.weight.shape, layout["tile_n"])
+        if key not in self._packed_by_content:
+            self._packed_by_content[key] = tf.Variable(
+                dense.pack_weight(match.weight.T, layout["tile_n"], layout["blocks"]),
+                trainable=False, name=f"dietcode_packed_{len(self._packed_by_content)}")
+            module.packed_weights.append(self._packed_by_content[key])
+        return self._packed_by_content[key]
 
 
 def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: str | pathlib.Path, *,
