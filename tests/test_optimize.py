@@ -124,3 +124,28 @@ def test_not_a_saved_model_and_existing_output(optimized, tmp_path):
         tf_dietcode.optimize(tmp_path, tmp_path / "out")
     with pytest.raises(FileExistsError, match="overwrite=True"):
         tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=RANGES, tuning=TINY_TUNING)
+
+
+@pytest.mark.parametrize("equation,lhs,rhs", [
+    ("BTNH,BSNH->BNTS", (2, 5, 3, 4), (2, 6, 3, 4)),   # attention scores
+    ("BNTS,BSNH->BTNH", (2, 3, 5, 6), (2, 6, 3, 4)),   # attention context
+    ("bij,bjk->bik", (3, 4, 5), (3, 5, 6)),            # NN
+    ("bkm,bnk->bnm", (3, 5, 4), (3, 6, 5)),            # both operands and the output transposed
+])
+def test_einsum_products_of_computed_operands(tmp_path, rng, equation, lhs, rhs):
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None] * len(lhs), tf.float32, name="a"),
+                                      tf.TensorSpec([None] * len(rhs), tf.float32, name="b")])
+        def serve(self, a, b):
+            return {"out": tf.einsum(equation, a * 0.125, b)}
+
+    model = Model()
+    tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING,
+                                  shape_ranges={"a": [(1, 4)] * len(lhs), "b": [(1, 8)] * len(rhs)})
+    assert report.fused["attention (einsum)"] == 1 and report.workloads == []
+    a, b = rng.uniform(-1, 1, lhs).astype(np.float32), rng.uniform(-1, 1, rhs).astype(np.float32)
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    np.testing.assert_allclose(optimized(a=a, b=b)["out"], np.einsum(equation, a * 0.125, b), rtol=1e-5, atol=1e-5)
+    assert "DietcodeFusedBatchMatMulTranspose" in {n.op for f in optimized.graph.as_graph_def().library.function
+                                                   for n in f.node_def}
