@@ -1,6 +1,10 @@
-"""tf-dietcode tune: a bundle and a readable table; bad input exits 2 with a message."""
+"""tf-dietcode tune and optimize: bundles, optimized models and readable tables; bad input exits 2 with a message."""
 
 import json
+
+import keras
+import numpy as np
+import tensorflow as tf
 
 from tf_dietcode import cli
 from tf_dietcode.tuning import bundle
@@ -24,3 +28,22 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["tune", "--m", "9:1", "--n", "8", "--k", "8", "--out", str(tmp_path / "b")]) == 2
     assert "lo <= hi" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_optimize_a_saved_model(tmp_path, capsys):
+    inputs = keras.Input((None, 16), name="x")
+    keras.Model(inputs, keras.layers.Dense(8, activation="relu")(inputs)).export(str(tmp_path / "in"), verbose=False)
+    arguments = ["optimize", "--dir", str(tmp_path / "in"), "--output_dir", str(tmp_path / "out"),
+                 "--shape_range", "x=1:2,1:10,16", "--signature_def", "serving_default", "--trials", "3", "--quick"]
+    assert cli.main(arguments) == 0
+    assert "dense (tensordot): 1 / 1" in capsys.readouterr().out
+    x = np.ones((2, 7, 16), np.float32)
+    np.testing.assert_allclose(tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"](x=x)["output_0"],
+                               tf.saved_model.load(str(tmp_path / "in")).signatures["serving_default"](x=x)["output_0"],
+                               rtol=1e-5, atol=1e-5)
+    assert cli.main(arguments) == 2                      # the output exists
+    assert "overwrite" in capsys.readouterr().err
+    assert cli.main([*arguments[:5], "--shape_range", "x=1:2,9:1,16", "--overwrite"]) == 2
+    assert "min <= max" in capsys.readouterr().err
+    assert cli.main([*arguments[:5], "--shape_range", "x:1", "--overwrite"]) == 2
+    assert "NAME=DIM" in capsys.readouterr().err

@@ -2,9 +2,13 @@
 
     tf-dietcode tune --m 1:128 --n 2304 --k 768 --bias --activation gelu --out BUNDLE_DIR
     tf-dietcode tune --spec workloads.json --out BUNDLE_DIR [--quick] [--trials 64] [--db tuning.jsonl]
+    tf-dietcode optimize --dir IN --output_dir OUT [--tag_set serve] [--signature_def KEY ...]
+                         [--shape_range input_ids=1,1:128 ...] [--quick] [--trials N] [--db F] [--overwrite]
 
 `tune` searches micro-kernels for each workload's whole range, writes a checked
-kernel bundle and prints which micro-kernel serves which M.
+kernel bundle and prints which micro-kernel serves which M. `optimize` runs
+tf_dietcode.optimize() on a SavedModel and prints its summary; a shape range
+gives each dim of one input as a size or LO:HI, comma separated.
 """
 
 import argparse
@@ -31,18 +35,48 @@ def _workloads(args):
 
 
 def _tune(args) -> int:
-    from tf_dietcode.tuning import search
     from tf_dietcode.tuning.database import Database
     from tf_dietcode.tuning.tune import tune
 
     workloads = _workloads(args)
-    budget = search.QUICK if args.quick else search.SearchOptions()
-    options = dataclasses.replace(budget, trials=args.trials or budget.trials, seed=args.seed)
     started = time.perf_counter()
-    report = tune(workloads, args.out, options=options, database=Database(args.db) if args.db else None)
+    report = tune(workloads, args.out, options=_budget(args), database=Database(args.db) if args.db else None)
     print(f"tuned {len(workloads)} workload(s) in {time.perf_counter() - started:.0f} s; bundle: {args.out}")
     for dispatch in report.dispatches:
         _print_dispatch(dispatch)
+    return 0
+
+
+def _shape_ranges(texts: list[str]) -> dict:
+    """['input_ids=1,1:128'] -> {'input_ids': [1, (1, 128)]}."""
+    ranges = {}
+    for text in texts:
+        name, sep, dims = text.partition("=")
+        if not sep or not dims:
+            raise ValueError(f"--shape_range wants NAME=DIM,DIM,... (a size or LO:HI each), got {text!r}")
+        ranges[name] = [_range(d) if ":" in d else int(d) for d in dims.split(",")]
+    return ranges
+
+
+def _budget(args):
+    from tf_dietcode.tuning import search
+
+    budget = search.QUICK if args.quick else search.SearchOptions()
+    return dataclasses.replace(budget, trials=args.trials or budget.trials, seed=args.seed)
+
+
+def _optimize(args) -> int:
+    import tf_dietcode
+    from tf_dietcode.tuning.database import Database
+
+    report = tf_dietcode.optimize(args.dir, args.output_dir, tags=args.tag_set.split(","),
+                                  signature_keys=args.signature_def, shape_ranges=_shape_ranges(args.shape_range),
+                                  tuning=_budget(args), database=Database(args.db) if args.db else None,
+                                  overwrite=args.overwrite)
+    print(report.summary())
+    if not report.fused:
+        print("tf-dietcode optimize: no pattern could be fused; the output runs like the input", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -97,14 +131,23 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--bias", action="store_true")
     tune.add_argument("--activation", default="none")
     tune.add_argument("--out", required=True, type=pathlib.Path, help="bundle directory to write")
-    tune.add_argument("--quick", action="store_true", help="small search budget (demos, tests)")
-    tune.add_argument("--trials", type=int, help="micro-kernels to measure per workload")
-    tune.add_argument("--seed", type=int, default=0)
-    tune.add_argument("--db", help="tuning database (JSON lines), reused and extended")
+    optimize = commands.add_parser("optimize", help="optimize a SavedModel (tf_dietcode.optimize)")
+    optimize.add_argument("--dir", required=True, help="input SavedModel directory (never modified)")
+    optimize.add_argument("--output_dir", required=True, help="output SavedModel directory")
+    optimize.add_argument("--tag_set", default="serve", help="comma-separated tags of the MetaGraph to load")
+    optimize.add_argument("--signature_def", action="append", help="signature to optimize (default: all)")
+    optimize.add_argument("--shape_range", action="append", default=[],
+                          help="NAME=DIM,DIM,...: an input's dims, each a size or LO:HI")
+    optimize.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    for command in (tune, optimize):
+        command.add_argument("--quick", action="store_true", help="small search budget (demos, tests)")
+        command.add_argument("--trials", type=int, help="micro-kernels to measure per workload")
+        command.add_argument("--seed", type=int, default=0)
+        command.add_argument("--db", help="tuning database (JSON lines), reused and extended")
     args = parser.parse_args(argv)
     try:
-        return _tune(args)
-    except (ValueError, TypeError, OSError, RuntimeError) as error:
+        return _tune(args) if args.command == "tune" else _optimize(args)
+    except (ValueError, TypeError, OSError, RuntimeError) as error:  # OSError: FileExistsError too
         print(f"tf-dietcode {args.command}: {error}", file=sys.stderr)
         return 2
 
