@@ -8,7 +8,7 @@ fixed at optimize time. The forms:
   Einsum 'abc,cde->abde', 'abcd,cde->abe', ...           EinsumDense (attention projections)
 
 then optionally BiasAdd/Add/AddV2 of a fixed bias, then optionally Relu,
-Tanh, Sigmoid, or exact GELU as Keras writes it (x * 0.5 * erfc(-x / sqrt 2)).
+Tanh, Sigmoid, or GELU in the forms TF emits (activation_patterns).
 A step is only taken while the previous result has no other reader.
 """
 
@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from tf_dietcode.graph_rewrite import activation_patterns
 from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
 
 SIMPLE_ACTIVATIONS = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
@@ -132,32 +133,6 @@ def _extend_epilogue(index: GraphIndex, match: DenseMatch) -> None:
     if after is not None and after.op in SIMPLE_ACTIVATIONS:
         match.activation, match.output = SIMPLE_ACTIVATIONS[after.op], f"{after.name}:0"
         return
-    gelu = _exact_gelu_output(index, match.output)  # two readers: no sole consumer
-    if gelu is not None:
-        match.activation, match.output = "gelu", gelu
-
-
-def _exact_gelu_output(index: GraphIndex, x: str) -> str | None:
-    """Keras' exact GELU: mul_2 = (0.5 * x) * erfc(-x * (1/sqrt 2)); its output, if `x` feeds only it."""
-    readers = [index.nodes[n] for n in index.consumers.get(x, [])]
-    half = next((n for n in readers if n.op == "Mul" and _scalar(index, n, x) == 0.5), None)
-    negate = next((n for n in readers if n.op == "Neg"), None)
-    if len(readers) != 2 or half is None or negate is None:
-        return None
-    scale = index.sole_consumer(negate.name)
-    if scale is None or scale.op != "Mul" or not np.isclose(_scalar(index, scale, f"{negate.name}:0"), 1 / math.sqrt(2)):
-        return None
-    erfc = index.sole_consumer(scale.name)
-    product = index.sole_consumer(half.name)
-    if erfc is None or erfc.op != "Erfc" or product is None or product is not index.sole_consumer(erfc.name):
-        return None
-    return f"{product.name}:0" if product.op == "Mul" else None
-
-
-def _scalar(index: GraphIndex, node, operand: str):
-    """The constant scalar `node` multiplies `operand` by, or None."""
-    inputs = [tensor_name(i) for i in node.input]
-    if operand not in inputs:
-        return None
-    value = index.value(inputs[1] if inputs[0] == operand else inputs[0])
-    return float(value) if value is not None and np.size(value) == 1 else None
+    activation = activation_patterns.match(index, match.output)  # several readers: no sole consumer
+    if activation is not None:
+        match.activation, match.output = activation

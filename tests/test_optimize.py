@@ -149,3 +149,27 @@ def test_einsum_products_of_computed_operands(tmp_path, rng, equation, lhs, rhs)
     np.testing.assert_allclose(optimized(a=a, b=b)["out"], np.einsum(equation, a * 0.125, b), rtol=1e-5, atol=1e-5)
     assert "DietcodeFusedBatchMatMulTranspose" in {n.op for f in optimized.graph.as_graph_def().library.function
                                                    for n in f.node_def}
+
+
+@pytest.mark.parametrize("activation,expected", [
+    (lambda x: tf.nn.gelu(x, approximate=True), "gelu_tanh"),
+    (lambda x: tf.nn.gelu(x, approximate=False), "gelu"),
+    (lambda x: keras.activations.gelu(x, approximate=True), "gelu_tanh"),
+    (tf.nn.relu, "relu"),
+    (lambda x: tf.nn.gelu(x) + x, "none"),  # the activation's input read elsewhere: not fused
+])
+def test_activations_in_the_forms_tf_emits(tmp_path, rng, activation, expected):
+    weight, bias = rng.uniform(-1, 1, (16, 24)).astype(np.float32), rng.uniform(-1, 1, 24).astype(np.float32)
+
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
+        def serve(self, x):
+            return {"out": activation(tf.matmul(x, weight) + bias)}
+
+    model = Model()
+    tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, shape_ranges={"x": [(1, 9), 16]})
+    assert [w.activation for w in report.workloads] == [expected]
+    x = rng.uniform(-3, 3, (7, 16)).astype(np.float32)
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    np.testing.assert_allclose(optimized(x=x)["out"], model.serve(x)["out"], rtol=1e-5, atol=1e-5)
