@@ -1,13 +1,19 @@
-"""Attention's products: Einsum (as Keras' MultiHeadAttention emits it) of two
-computed operands, as one batched matmul with the layouts folded in.
+"""Attention's products of two computed operands, as one batched matmul with
+layouts, scale and epilogue folded in.
 
-An equation with shared batch letters, one row letter (left operand and
-output), one column letter (right operand and output) and one contracted
-letter (both operands), e.g. 'BTNH,BSNH->BNTS' (scores) or 'BNTS,BSNH->BTNH'
-(context), is  out = transpose(alpha * x @ op(y), perm)  with x, y the
-operands transposed to [batch..., rows, K] and [batch..., K, cols] (or
-[batch..., cols, K], taken as an adjoint). A scalar Mul on the left operand
-read by nothing else becomes alpha (Keras scales the query this way).
+Einsum (as Keras' MultiHeadAttention emits it): an equation with shared batch
+letters, one row letter (left operand and output), one column letter (right
+operand and output) and one contracted letter, e.g. 'BTNH,BSNH->BNTS'
+(scores) or 'BNTS,BSNH->BTNH' (context), is  transpose(alpha * x @ op(y), perm)
+with the operands transposed to [batch..., rows, K] and [batch..., K, cols]
+(or [batch..., cols, K], taken as an adjoint).
+
+BatchMatMulV2 (as hand-written BERTs use it): a Transpose of an operand that
+only swaps its last two axes becomes an adjoint; a Transpose of the product
+becomes perm, or else a broadcast Add of a mask or bias becomes the addend.
+
+Either way a scalar Mul on the left operand becomes alpha (Keras scales the
+query this way). Every folded node must be read by nothing else.
 """
 
 import dataclasses
@@ -19,16 +25,18 @@ from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
 
 @dataclasses.dataclass
 class AttentionMatch:
-    core: str                  # the Einsum node
+    core: str                  # the Einsum or BatchMatMulV2 node
     x: str                     # left operand (before x_perm)
     y: str                     # right operand (before y_perm)
     x_perm: list[int] | None   # transpose bringing x to [batch..., rows, K]; None: as is
     y_perm: list[int] | None   # transpose bringing y to [batch..., K, cols] or, with adj_y, [batch..., cols, K]
     adj_y: bool
     alpha: float
-    perm: list[int]            # product axes -> output axes
+    perm: list[int] | None     # product axes -> output axes; None with an addend
     output: str
     form: str = "attention (einsum)"
+    adj_x: bool = False
+    addend: str | None = None  # added to the product (broadcast); only without perm
 
 
 def _layout(letters: str, order: str) -> list[int] | None:
@@ -40,6 +48,11 @@ def _layout(letters: str, order: str) -> list[int] | None:
 def find(index: GraphIndex) -> list[AttentionMatch]:
     matches = []
     for node in index.nodes.values():
+        if node.op == "BatchMatMulV2" and node.attr["T"].type == 1:
+            match = _batch_matmul(index, node)
+            if match is not None:
+                _fold_scale(index, match, node)
+                matches.append(match)
         if node.op != "Einsum" or len(node.input) != 2 or node.attr["T"].type != 1:
             continue
         equation = node.attr["equation"].s.decode()
@@ -62,13 +75,52 @@ def find(index: GraphIndex) -> list[AttentionMatch]:
         match = AttentionMatch(node.name, tensor_name(node.input[0]), tensor_name(node.input[1]),
                                _layout(lhs, b + m + k), _layout(rhs, y_order), adj_y, 1.0,
                                [product.index(c) for c in out], f"{node.name}:0")
-        scale = index.producer(match.x)
-        if scale.op == "Mul" and index.sole_consumer(scale.name) is node:
-            inputs = [tensor_name(i) for i in scale.input]
-            for value_side, tensor_side in ((0, 1), (1, 0)):
-                value = index.value(inputs[value_side])
-                if value is not None and np.size(value) == 1 and index.value(inputs[tensor_side]) is None:
-                    match.x, match.alpha = inputs[tensor_side], float(value)
-                    break
+        _fold_scale(index, match, node)
         matches.append(match)
     return matches
+
+
+def _fold_scale(index: GraphIndex, match: AttentionMatch, core) -> None:
+    """x = Mul(t, scalar) read only by the product: alpha = scalar, x = t."""
+    scale = index.producer(match.x)
+    if scale.op == "Mul" and index.sole_consumer(scale.name) is core:
+        inputs = [tensor_name(i) for i in scale.input]
+        for value_side, tensor_side in ((0, 1), (1, 0)):
+            value = index.value(inputs[value_side])
+            if value is not None and np.size(value) == 1 and index.value(inputs[tensor_side]) is None:
+                match.x, match.alpha = inputs[tensor_side], float(value)
+                return
+
+
+def _swaps_last_two(index: GraphIndex, tensor: str, reader) -> str | None:
+    """T when tensor = Transpose(T, [0, .., n-1, n-2]) read only by `reader`."""
+    node = index.producer(tensor)
+    if node.op != "Transpose" or index.sole_consumer(node.name) is not reader:
+        return None
+    perm = index.value(node.input[1])
+    n = 0 if perm is None else len(perm)
+    return tensor_name(node.input[0]) if n >= 2 and list(perm) == [*range(n - 2), n - 1, n - 2] else None
+
+
+def _batch_matmul(index: GraphIndex, node) -> AttentionMatch | None:
+    x, y = tensor_name(node.input[0]), tensor_name(node.input[1])
+    shape = index.shape(f"{node.name}:0")
+    if index.value(x) is not None or index.value(y) is not None or shape is None:
+        return None  # a fixed operand (a dense layer's business), or an unknown rank
+    match = AttentionMatch(node.name, x, y, None, None, node.attr["adj_y"].b, 1.0, list(range(len(shape))),
+                           f"{node.name}:0", form="attention (BatchMatMulV2)", adj_x=node.attr["adj_x"].b)
+    for side in ("x", "y"):
+        source = _swaps_last_two(index, getattr(match, side), node)
+        if source is not None:
+            setattr(match, side, source)
+            setattr(match, f"adj_{side}", not getattr(match, f"adj_{side}"))
+    after = index.sole_consumer(match.output)
+    if after is not None and after.op == "Transpose":
+        perm = index.value(after.input[1])
+        if perm is not None:
+            match.perm, match.output = [int(p) for p in perm], f"{after.name}:0"
+    elif after is not None and after.op in ("Add", "AddV2"):
+        inputs = [tensor_name(i) for i in after.input]
+        match.addend, match.perm = inputs[1] if inputs[0] == match.output else inputs[0], None
+        match.output = f"{after.name}:0"
+    return match

@@ -47,15 +47,19 @@ def dense_replacement(match: DenseMatch) -> tf.compat.v1.GraphDef:
 
 
 def attention_replacement(match: AttentionMatch) -> tf.compat.v1.GraphDef:
-    """transpose(alpha * x' @ op(y'), perm) with x', y' the operands in matmul layout; placeholders x, y, bundle."""
+    """alpha * op(x') @ op(y'), then + addend or transposed by perm, with x', y' the operands in
+    matmul layout; placeholders x, y, addend and bundle."""
     def build():
         x = tf.compat.v1.placeholder(tf.float32, name="x")
         y = tf.compat.v1.placeholder(tf.float32, name="y")
         bundle = tf.compat.v1.placeholder(tf.string, [], name="bundle")
-        ops.fused_batch_matmul_transpose(
-            x if match.x_perm is None else tf.transpose(x, match.x_perm),
-            y if match.y_perm is None else tf.transpose(y, match.y_perm),
-            match.perm, adj_y=match.adj_y, alpha=match.alpha, bundle=bundle, name="out")
+        x = x if match.x_perm is None else tf.transpose(x, match.x_perm)
+        y = y if match.y_perm is None else tf.transpose(y, match.y_perm)
+        options = {"adj_x": match.adj_x, "adj_y": match.adj_y, "alpha": match.alpha, "bundle": bundle, "name": "out"}
+        if match.addend is not None:
+            ops.fused_batch_matmul_add(x, y, tf.compat.v1.placeholder(tf.float32, name="addend"), **options)
+        else:
+            ops.fused_batch_matmul_transpose(x, y, match.perm, **options)
     return _scratch_graph(build)
 
 

@@ -173,3 +173,31 @@ def test_activations_in_the_forms_tf_emits(tmp_path, rng, activation, expected):
     x = rng.uniform(-3, 3, (7, 16)).astype(np.float32)
     optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
     np.testing.assert_allclose(optimized(x=x)["out"], model.serve(x)["out"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,attention", [
+    ("scores + mask", lambda q, k, mask: tf.matmul(q * 0.125, k, transpose_b=True) + mask),
+    ("transposed key", lambda q, k, mask: tf.matmul(q, tf.transpose(k, [0, 1, 3, 2])) * 1.0 + mask),
+    ("context transposed", lambda q, k, mask: tf.transpose(tf.matmul(q, k, adjoint_b=True), [0, 2, 1, 3])),
+    ("plain", lambda q, k, mask: tf.matmul(q, k, transpose_b=True)),
+])
+def test_batch_matmul_attention_forms(tmp_path, rng, name, attention):
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 3, None, 8], tf.float32, name="q"),
+                                      tf.TensorSpec([None, 3, None, 8], tf.float32, name="k"),
+                                      tf.TensorSpec([None, 1, 1, None], tf.float32, name="mask")])
+        def serve(self, q, k, mask):
+            return {"out": attention(q, k, mask)}
+
+    model = Model()
+    tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING,
+                                  shape_ranges={"q": [2, 3, (1, 9), 8], "k": [2, 3, (1, 9), 8], "mask": [2, 1, 1, (1, 9)]})
+    assert report.fused["attention (BatchMatMulV2)"] == 1, name
+    q, k = rng.uniform(-1, 1, (2, 3, 6, 8)).astype(np.float32), rng.uniform(-1, 1, (2, 3, 6, 8)).astype(np.float32)
+    mask = rng.uniform(-1, 1, (2, 1, 1, 6)).astype(np.float32)
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    np.testing.assert_allclose(optimized(q=q, k=k, mask=mask)["out"], model.serve(q, k, mask)["out"],
+                               rtol=1e-5, atol=1e-5)
+    library = optimized.graph.as_graph_def().library.function
+    assert not {"BatchMatMulV2", "Transpose"} & {n.op for f in library for n in f.node_def}

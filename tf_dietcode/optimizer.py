@@ -207,7 +207,7 @@ class Converter:
             outputs = {k: output if v == match.output else v for k, v in outputs.items()}
             self.report.fused[match.form] += 1
         for i, match in enumerate(attention_matches):
-            bound = {"x": match.x, "y": match.y, "bundle": bundle}
+            bound = {"x": match.x, "y": match.y, "addend": match.addend, "bundle": bundle}
             output = rewrite.splice(graph_def, rewrite.attention_replacement(match), bound,
                                     f"dietcode/attention_{i}", match.output, replaced)
             outputs = {k: output if v == match.output else v for k, v in outputs.items()}
