@@ -12,7 +12,6 @@ well below 1.0 means oversubscription costs. Writes concurrency.csv.
 """
 
 import argparse
-import json
 import os
 import pathlib
 import statistics
@@ -25,8 +24,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench import in_graph_timing, report  # noqa: E402
+from bench.tuned_kernels import read_bundle_manifest  # noqa: E402
 from tf_dietcode import ops, reference  # noqa: E402
-from tf_dietcode.tuning import bundle  # noqa: E402
 from tf_dietcode.tuning.templates import dense  # noqa: E402
 
 ITERATIONS = 200
@@ -73,12 +72,10 @@ def main(argv=None):
     parser.add_argument("--bundle", type=pathlib.Path, default=pathlib.Path("bench/results/bundle"))
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args(argv)
-    manifest_path = args.bundle / bundle.MANIFEST
-    if not manifest_path.exists():
-        raise SystemExit(f"no bundle at {args.bundle}: run `python -m bench.tuned_kernels` first")
+    manifest = read_bundle_manifest(args.bundle)
     tf.config.threading.set_intra_op_parallelism_threads(2)
     tf.config.threading.set_inter_op_parallelism_threads(4)
-    layout = json.loads(manifest_path.read_text())["workloads"][0]["weight_layout"]  # dense b16, N=2304, K=768
+    layout = manifest["workloads"][0]["weight_layout"]  # dense b16, N=2304, K=768
     rng = np.random.default_rng(0)
     w = rng.uniform(-1, 1, (2304, 768)).astype(np.float32)
     bias = rng.uniform(-1, 1, 2304).astype(np.float32)

@@ -14,7 +14,6 @@ op - kernel - that loop cost. Writes in_op_dispatch.csv.
 
 import argparse
 import ctypes
-import json
 import os
 import pathlib
 
@@ -27,7 +26,7 @@ import tensorflow as tf  # noqa: E402
 import tvm  # noqa: E402
 
 from bench import in_graph_timing, report  # noqa: E402
-from bench.tuned_kernels import CASES, tvm_seconds  # noqa: E402
+from bench.tuned_kernels import CASES, read_bundle_manifest, tvm_seconds  # noqa: E402
 from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
 from tf_dietcode import ops  # noqa: E402
 from tf_dietcode.tuning import bundle, templates  # noqa: E402
@@ -54,12 +53,9 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="a few T")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args(argv)
-    manifest_path = args.bundle / bundle.MANIFEST
-    if not manifest_path.exists():
-        raise SystemExit(f"no bundle at {args.bundle}: run `python -m bench.tuned_kernels` first")
+    manifest = read_bundle_manifest(args.bundle)
     tf.config.threading.set_intra_op_parallelism_threads(2)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    manifest = json.loads(manifest_path.read_text())
     library = ctypes.CDLL(str(args.bundle / bundle.LIBRARY))
     module = tvm.runtime.load_module(str(args.bundle / bundle.LIBRARY))
     rng = np.random.default_rng(0)

@@ -12,6 +12,7 @@ every T) runs beside it with the same budget.
 """
 
 import argparse
+import json
 import math
 import os
 import pathlib
@@ -46,6 +47,14 @@ CASES = [
      Workload("batch_matmul", (1, 128), 64, (1, 128), b=192, transpose_b=False, ties=("m", "k")),
      lambda t: (t,), lambda x, y: tf.linalg.matmul(x, y)),
 ]
+
+
+def read_bundle_manifest(directory: pathlib.Path) -> dict:
+    """The manifest of the bundle this benchmark writes (other benchmarks time it)."""
+    path = directory / bundle.MANIFEST
+    if not path.exists():
+        raise SystemExit(f"no bundle at {directory}: run `python -m bench.tuned_kernels` first")
+    return json.loads(path.read_text())
 
 
 def tvm_seconds(module, name, arguments):

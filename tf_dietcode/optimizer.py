@@ -11,11 +11,11 @@ import collections
 import dataclasses
 import hashlib
 import pathlib
-import shutil
 import tempfile
 
 import tensorflow as tf
 
+from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.graph_rewrite import attention_patterns, dense_patterns, rewrite, shape_ranges, signature_graph
 from tf_dietcode.graph_rewrite.graph_index import GraphIndex
 from tf_dietcode.op_library import load_op_library
@@ -150,16 +150,8 @@ class Converter:
             raise ValueError("the output directory must differ from the input (the input is never modified)")
         if not self._built:
             self.build()
-        output.parent.mkdir(parents=True, exist_ok=True)
-        staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{output.name}-", dir=output.parent))
-        try:
+        with atomic_directory(output) as staging:
             tf.saved_model.save(self._module(), str(staging), signatures=self._signatures)
-            if output.exists():
-                shutil.rmtree(output)
-            staging.rename(output)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         self.report.output_dir = str(output)
         return self.report
 

@@ -12,13 +12,12 @@ import importlib.metadata
 import json
 import os
 import pathlib
-import shutil
 import subprocess
-import tempfile
 
 import numpy as np
 import tvm
 
+from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.tuning import templates
 from tf_dietcode.tuning.dispatch import Dispatch
 from tf_dietcode.tuning.hardware import Hardware
@@ -104,8 +103,7 @@ def build_bundle(dispatches: list[Dispatch], hw: Hardware, directory: str | path
             functions[name] = mod["main"].with_attr("global_symbol", name)
     executable = tvm.compile(tvm.IRModule(functions), target=hw.target())
 
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=".bundle-", dir=directory.parent))
-    try:
+    with atomic_directory(directory) as staging:
         executable.export_library(str(staging / LIBRARY), addons=[str(_compile_dispatch(dispatches, staging))])
         for leftover in ("dispatch.c", "dispatch.o"):
             (staging / leftover).unlink()
@@ -121,10 +119,4 @@ def build_bundle(dispatches: list[Dispatch], hw: Hardware, directory: str | path
             "workloads": [_workload_entry(w, d) for w, d in enumerate(dispatches)],
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if directory.exists():
-            shutil.rmtree(directory)
-        staging.rename(directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return manifest
