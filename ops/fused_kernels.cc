@@ -11,7 +11,6 @@
 #include "tuned_kernel.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
-#include "tensorflow/core/platform/logging.h"
 
 namespace tf_dietcode {
 namespace {

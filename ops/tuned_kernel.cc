@@ -4,7 +4,6 @@
 #include <cstring>
 #include <optional>
 
-#include "absl/strings/str_cat.h"
 #include "tvm/ffi/any.h"
 #include "tvm/ffi/container/tensor.h"
 #include "tvm_bridge.h"

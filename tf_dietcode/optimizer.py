@@ -163,7 +163,8 @@ class Converter:
         module = tf.Module()
         module.variables_kept, module.packed_weights, self._signatures = [], [], {}
         self._packed_by_content: dict[tuple, tf.Variable] = {}  # signatures share layers: pack each weight once
-        if self._bundle_dir is not None and self.report.workloads:
+        self.report.fused = collections.Counter()  # counted afresh by every save()
+        if self._bundle_dir is not None:  # set only when there were workloads to tune
             module.bundle_manifest = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.MANIFEST))
             module.bundle_library = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.LIBRARY))
         for graph in self.graphs:
@@ -188,22 +189,22 @@ class Converter:
             rewrite.add_string_constant(graph_def, rewrite.BUNDLE_PLACEHOLDER, "")
         replaced: dict[str, str] = {}
         bundle = f"{rewrite.BUNDLE_PLACEHOLDER}:0"
+
+        def splice(match, replacement, bound, prefix):
+            output = rewrite.splice(graph_def, replacement, bound, prefix, match.output, replaced)
+            outputs.update({k: output for k, v in outputs.items() if v == match.output})
+            self.report.fused[match.form] += 1
+
         for i, match in enumerate(dense_matches):
             placeholder = f"dietcode/packed_{i}"
             rewrite.add_placeholder(graph_def, placeholder, tf.resource)
             captures[placeholder] = self._packed_weight(match, self._workloads[(graph.key, match.core)], module).handle
-            bound = {"x": match.x, "packed": f"{placeholder}:0", "bias": match.bias, "bundle": bundle,
-                     "out_shape": match.out_shape}
-            output = rewrite.splice(graph_def, rewrite.dense_replacement(match), bound, f"dietcode/dense_{i}",
-                                    match.output, replaced)
-            outputs = {k: output if v == match.output else v for k, v in outputs.items()}
-            self.report.fused[match.form] += 1
+            splice(match, rewrite.dense_replacement(match),
+                   {"x": match.x, "packed": f"{placeholder}:0", "bias": match.bias, "bundle": bundle,
+                    "out_shape": match.out_shape}, f"dietcode/dense_{i}")
         for i, match in enumerate(attention_matches):
-            bound = {"x": match.x, "y": match.y, "addend": match.addend, "bundle": bundle}
-            output = rewrite.splice(graph_def, rewrite.attention_replacement(match), bound,
-                                    f"dietcode/attention_{i}", match.output, replaced)
-            outputs = {k: output if v == match.output else v for k, v in outputs.items()}
-            self.report.fused[match.form] += 1
+            splice(match, rewrite.attention_replacement(match),
+                   {"x": match.x, "y": match.y, "addend": match.addend, "bundle": bundle}, f"dietcode/attention_{i}")
         return signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, outputs,
                                               captures, graph_def)
 
