@@ -15,57 +15,18 @@ import argparse
 import os
 import pathlib
 import shutil
-import statistics
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
-from bench import report  # noqa: E402
+from bench import encoder, report  # noqa: E402
 from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
 from tf_dietcode.tuning import search  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
-
-VOCABULARY, MAX_LENGTH, HIDDEN, HEADS, FFN, LAYERS = 1000, 128, 256, 4, 1024, 2
-
-
-class PositionEmbedding(keras.layers.Layer):
-    """Adds a learned embedding of each position (BERT's)."""
-
-    def build(self, input_shape):
-        self.table = self.add_weight(shape=(MAX_LENGTH, input_shape[-1]), initializer="random_normal")
-
-    def call(self, tokens):
-        return tokens + self.table[: keras.ops.shape(tokens)[1]]
-
-
-def encoder() -> keras.Model:
-    keras.utils.set_random_seed(0)
-    ids = keras.Input((None,), dtype="int32", name="input_ids")
-    hidden = PositionEmbedding()(keras.layers.Embedding(VOCABULARY, HIDDEN)(ids))
-    for _ in range(LAYERS):
-        attended = keras.layers.MultiHeadAttention(HEADS, HIDDEN // HEADS)(hidden, hidden)
-        hidden = keras.layers.LayerNormalization()(hidden + attended)
-        inner = keras.layers.Dense(FFN, activation="gelu")(hidden)
-        hidden = keras.layers.LayerNormalization()(hidden + keras.layers.Dense(HIDDEN)(inner))
-    return keras.Model(ids, hidden)
-
-
-def median_seconds(calls: dict, repeats: int = 41) -> dict[str, float]:
-    """Median seconds of each call, the calls interleaved so drift on a noisy machine hits all alike."""
-    samples = {name: [] for name in calls}
-    for name, call in calls.items():
-        call()  # warm up
-    for _ in range(repeats):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def main(argv=None):
@@ -77,9 +38,10 @@ def main(argv=None):
     tf.config.threading.set_inter_op_parallelism_threads(1)
     original, optimized = args.out / "original", args.out / "optimized"
     shutil.rmtree(original, ignore_errors=True)
-    encoder().export(str(original), verbose=False)
+    model = encoder.DEMO
+    encoder.build(model).export(str(original), verbose=False)
     started = time.perf_counter()
-    result = tf_dietcode.optimize(original, optimized, shape_ranges={"input_ids": [1, (1, MAX_LENGTH)]},
+    result = tf_dietcode.optimize(original, optimized, shape_ranges={"input_ids": [1, (1, model.max_length)]},
                                   tuning=search.QUICK if args.quick else search.SearchOptions(),
                                   database=Database(args.out / "tuning.jsonl"), overwrite=True)
     print(result.summary())
@@ -91,13 +53,13 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     print(f"\n{'T':>4s} {'original ms':>12s} {'optimized ms':>13s} {'speed-up':>9s}")
     for t in QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS:
-        ids = tf.constant(rng.integers(0, VOCABULARY, (1, t)), tf.int32)
+        ids = tf.constant(rng.integers(0, model.vocabulary, (1, t)), tf.int32)
         expected, actual = before(input_ids=ids), after(input_ids=ids)
         for key in expected:
             np.testing.assert_allclose(actual[key], expected[key], rtol=1e-4, atol=1e-4)
-        seconds = median_seconds({"tensorflow": lambda: before(input_ids=ids), "dietcode": lambda: after(input_ids=ids)})
+        seconds = encoder.median_seconds({"tensorflow": lambda: before(input_ids=ids), "dietcode": lambda: after(input_ids=ids)})
         for peer, value in seconds.items():
-            rows.append({"workload": f"encoder_{LAYERS}x{HIDDEN}_batch1", "T": t, "peer": peer, "ms": value * 1e3,
+            rows.append({"workload": f"{model.name}_batch1", "T": t, "peer": peer, "ms": value * 1e3,
                          "speedup_vs_tensorflow": seconds["tensorflow"] / value})
         print(f"{t:4d} {seconds['tensorflow'] * 1e3:12.2f} {seconds['dietcode'] * 1e3:13.2f} "
               f"{seconds['tensorflow'] / seconds['dietcode']:8.2f}x")
@@ -105,7 +67,7 @@ def main(argv=None):
     print(f"geometric-mean speed-up {np.exp(np.mean(np.log(speedups))):.2f}x "
           f"(worst {min(speedups):.2f}x); outputs agree at every T")
     report.write_csv(rows, args.out / "demo.csv")
-    report.speedup_by_t(rows, args.out / "demo.png", title=f"optimize() on a {LAYERS}-layer encoder, batch 1")
+    report.speedup_by_t(rows, args.out / "demo.png", title=f"optimize() on a {model.layers}-layer encoder, batch 1")
     print(f"wrote {args.out / 'demo.csv'} and {args.out / 'demo.png'}")
 
 

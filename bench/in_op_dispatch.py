@@ -43,8 +43,8 @@ def op_call(workload: Workload, entry: dict, path: str, operands: dict[str, np.n
         inputs = [tf.constant(operands["x"]), tf.constant(packed), tf.constant(operands["bias"])]
         return (lambda x, w, b: ops.fused_matmul(x, w, b, packed_n=workload.n.hi, bundle=path)), inputs
     inputs = [tf.constant(operands["x"]), tf.constant(operands["y"])]
-    return (lambda x, y: ops.fused_batch_matmul_transpose(x, y, [0, 1, 2], adj_y=workload.transpose_b,
-                                                          bundle=path)), inputs
+    return (lambda x, y: ops.fused_batch_matmul_transpose(x, y, [0, 1, 2, 3], adj_y=workload.transpose_b,
+                                                          alpha=operands["alpha"], bundle=path)), inputs
 
 
 def main(argv=None):

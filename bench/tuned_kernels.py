@@ -42,10 +42,10 @@ CASES = [
     ("dense_b1_[T,768]x[2304,768]^T", Workload("dense", (1, 128), 2304, 768, bias=True),
      lambda t: (t,), lambda x, w, b: reference.fused_matmul(x, w, b, transpose_b=True)),
     ("bmm_nt_[192,T,64]x[192,T,64]^T", Workload("batch_matmul", (1, 128), (1, 128), 64, b=192, ties=("m", "n")),
-     lambda t: (t,), lambda x, y: tf.linalg.matmul(x, y, adjoint_b=True)),
+     lambda t: (t,), lambda x, y, alpha: tf.linalg.matmul(x, y, adjoint_b=True)),
     ("bmm_nn_[192,T,T]x[192,T,64]",
      Workload("batch_matmul", (1, 128), 64, (1, 128), b=192, transpose_b=False, ties=("m", "k")),
-     lambda t: (t,), lambda x, y: tf.linalg.matmul(x, y)),
+     lambda t: (t,), lambda x, y, alpha: tf.linalg.matmul(x, y)),
 ]
 
 
@@ -98,8 +98,10 @@ def main(argv=None):
         template = templates.for_workload(workload)
         for t in sequence_lengths:
             dims = workload.dims_at(shape_at(t))
-            jobs.append((w_index, name, workload, template, t, dims, tf_compute,
-                         template.random_operands(workload, dims, rng)))
+            operands = template.random_operands(workload, dims, rng)
+            if "alpha" in operands:
+                operands["alpha"] = 1.0  # plain products: TF's peer is its BatchMatMul alone
+            jobs.append((w_index, name, workload, template, t, dims, tf_compute, operands))
     # TF first, before TVM's thread pool is busy.
     tf_times = {(job[0], job[4]): in_graph_timing.seconds_per_call(
         job[6], [tf.constant(v) for v in job[7].values()]) for job in jobs}

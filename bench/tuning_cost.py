@@ -81,9 +81,9 @@ def main(argv=None):
     for t, dims in dims_at.items():
         with tempfile.TemporaryDirectory() as work_dir:
             executable, tuning = baselines.per_shape_metaschedule(workload, hw, dims, args.trials, work_dir)
-        expected_shape = template.reference_output(operands[t], workload).shape
-        arguments = [tvm.runtime.tensor(a) for a in (*operands[t].values(), np.zeros(expected_shape, np.float32))]
-        record("metaschedule_per_shape", t, seconds_per_call(executable.mod, arguments), tuning, "")
+        record("metaschedule_per_shape", t, seconds_per_call(executable.mod,
+                                                             baselines.plain_arguments(operands[t], workload)),
+               tuning, "")
 
     args.out.mkdir(parents=True, exist_ok=True)
     report.write_csv(rows, args.out / "tuning_cost.csv")

@@ -46,17 +46,17 @@ bool BroadcastShapes(const Dims& x, const Dims& y, Dims* out) {
   return true;
 }
 
-// Strides with which a dense tensor of `dims` is read when broadcast to
-// `target` (right-aligned); 0 marks a broadcast dimension. False when `dims`
-// does not broadcast to `target` without growing it.
-bool BroadcastStrides(const Dims& dims, const Dims& target, Dims* strides) {
+// Strides with which a tensor of `dims`, stored with `stored_strides`, is read
+// when broadcast to `target` (right-aligned); 0 marks a broadcast dimension.
+// False when `dims` does not broadcast to `target` without growing it.
+bool BroadcastStrides(const Dims& dims, const Dims& stored_strides,
+                      const Dims& target, Dims* strides) {
   if (dims.size() > target.size()) return false;
-  const Dims dense = DenseStrides(dims);
   const size_t lead = target.size() - dims.size();
   strides->assign(target.size(), 0);
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] == target[lead + i]) {
-      (*strides)[lead + i] = dims[i] == 1 ? 0 : dense[i];
+      (*strides)[lead + i] = dims[i] == 1 ? 0 : stored_strides[i];
     } else if (dims[i] != 1) {
       return false;
     }
@@ -89,6 +89,19 @@ Dims Head(const Dims& dims, size_t n) {
   return Dims(dims.begin(), dims.begin() + n);
 }
 
+// An operand read through `perm` (empty: as stored): its dims and the element
+// strides of those dims in the stored tensor.
+void PermuteOperand(const Dims& stored, const std::vector<int32_t>& perm,
+                    Dims* dims, Dims* strides) {
+  const Dims dense = DenseStrides(stored);
+  *dims = stored;
+  *strides = dense;
+  for (size_t i = 0; i < perm.size(); ++i) {
+    (*dims)[i] = stored[perm[i]];
+    (*strides)[i] = dense[perm[i]];
+  }
+}
+
 }  // namespace
 
 Activation ParseActivation(const std::string& name) {
@@ -100,19 +113,20 @@ Activation ParseActivation(const std::string& name) {
   return Activation::kNone;
 }
 
-Status ValidatePermutation(const std::vector<int32_t>& perm, int rank) {
+Status ValidatePermutation(const std::vector<int32_t>& perm, int rank,
+                           const char* name) {
   if (perm.size() < 2) {
-    return InvalidArgument("perm must name every axis of the product (at least",
-                           " 2), got ", perm.size(), " entries");
+    return InvalidArgument(name, " must name every axis (at least 2), got ",
+                           perm.size(), " entries");
   }
   if (rank >= 0 && static_cast<int>(perm.size()) != rank) {
-    return InvalidArgument("perm has ", perm.size(),
-                           " entries but the product has rank ", rank);
+    return InvalidArgument(name, " has ", perm.size(),
+                           " entries but its tensor has rank ", rank);
   }
   std::vector<bool> seen(perm.size(), false);
   for (int32_t p : perm) {
     if (p < 0 || p >= static_cast<int32_t>(perm.size()) || seen[p]) {
-      return InvalidArgument("perm [", absl::StrJoin(perm, ","),
+      return InvalidArgument(name, " [", absl::StrJoin(perm, ","),
                              "] is not a permutation of 0..",
                              static_cast<int>(perm.size()) - 1);
     }
@@ -121,20 +135,38 @@ Status ValidatePermutation(const std::vector<int32_t>& perm, int rank) {
   return Status();
 }
 
-Status PlanBatchMatMul(const TensorShape& x, const TensorShape& y, bool adj_x,
+Status ValidateOperandPermutation(const std::vector<int32_t>& perm, int rank,
+                                  const char* name) {
+  if (perm.empty()) return Status();
+  TF_RETURN_IF_ERROR(ValidatePermutation(perm, rank, name));
+  if (perm.back() != static_cast<int32_t>(perm.size()) - 1) {
+    return InvalidArgument(name, " [", absl::StrJoin(perm, ","),
+                           "] must keep the last axis last (use adj_x/adj_y ",
+                           "to swap the last two)");
+  }
+  return Status();
+}
+
+Status PlanBatchMatMul(const TensorShape& x, const TensorShape& y,
+                       const std::vector<int32_t>& x_perm,
+                       const std::vector<int32_t>& y_perm, bool adj_x,
                        bool adj_y, float alpha, const TensorShape* addend,
                        const std::vector<int32_t>& perm,
                        ContractionPlan* plan) {
-  const Dims xd = DimsOf(x), yd = DimsOf(y);
-  if (xd.size() < 2 || yd.size() < 2) {
-    return InvalidArgument("x and y need rank >= 2, got x ", Show(xd),
-                           " and y ", Show(yd));
+  if (x.dims() < 2 || y.dims() < 2) {
+    return InvalidArgument("x and y need rank >= 2, got x ", x.DebugString(),
+                           " and y ", y.DebugString());
   }
+  TF_RETURN_IF_ERROR(ValidateOperandPermutation(x_perm, x.dims(), "x_perm"));
+  TF_RETURN_IF_ERROR(ValidateOperandPermutation(y_perm, y.dims(), "y_perm"));
+  Dims xd, xs, yd, ys;
+  PermuteOperand(DimsOf(x), x_perm, &xd, &xs);
+  PermuteOperand(DimsOf(y), y_perm, &yd, &ys);
   const size_t xr = xd.size(), yr = yd.size();
   plan->transpose_a = adj_x;
   plan->transpose_b = adj_y;
-  plan->lda = xd[xr - 1];
-  plan->ldb = yd[yr - 1];
+  plan->lda = xs[xr - 2];
+  plan->ldb = ys[yr - 2];
   plan->m = adj_x ? xd[xr - 1] : xd[xr - 2];
   const int64_t kx = adj_x ? xd[xr - 2] : xd[xr - 1];
   const int64_t ky = adj_y ? yd[yr - 1] : yd[yr - 2];
@@ -152,18 +184,17 @@ Status PlanBatchMatMul(const TensorShape& x, const TensorShape& y, bool adj_x,
     return InvalidArgument("batch dims of x ", Show(xd), " and y ", Show(yd),
                            " do not broadcast");
   }
+  plan->batch_dims = batch;
   Dims product = batch;
   product.push_back(plan->m);
   product.push_back(plan->n);
   const size_t nb = batch.size();
 
   Dims strides;
-  BroadcastStrides(xb, batch, &strides);
+  BroadcastStrides(xb, Head(xs, xr - 2), batch, &strides);
   plan->a_offsets = Offsets(batch, strides);
-  for (int64_t& o : plan->a_offsets) o *= xd[xr - 2] * xd[xr - 1];
-  BroadcastStrides(yb, batch, &strides);
+  BroadcastStrides(yb, Head(ys, yr - 2), batch, &strides);
   plan->b_offsets = Offsets(batch, strides);
-  for (int64_t& o : plan->b_offsets) o *= yd[yr - 2] * yd[yr - 1];
 
   // Output placement: the product's axes permuted by `perm` (identity if
   // empty). product_strides[j] is the output stride of product axis j.
@@ -171,7 +202,7 @@ Status PlanBatchMatMul(const TensorShape& x, const TensorShape& y, bool adj_x,
   Dims product_strides = DenseStrides(product);
   if (!perm.empty()) {
     TF_RETURN_IF_ERROR(
-        ValidatePermutation(perm, static_cast<int>(product.size())));
+        ValidatePermutation(perm, static_cast<int>(product.size()), "perm"));
     for (size_t i = 0; i < perm.size(); ++i) out_dims[i] = product[perm[i]];
     const Dims out_strides = DenseStrides(out_dims);
     for (size_t i = 0; i < perm.size(); ++i) {
@@ -188,7 +219,7 @@ Status PlanBatchMatMul(const TensorShape& x, const TensorShape& y, bool adj_x,
   plan->has_addend = addend != nullptr;
   if (addend != nullptr) {
     const Dims ad = DimsOf(*addend);
-    if (!BroadcastStrides(ad, product, &strides)) {
+    if (!BroadcastStrides(ad, DenseStrides(ad), product, &strides)) {
       return InvalidArgument("addend ", Show(ad),
                              " does not broadcast to the product ",
                              Show(product));
@@ -230,8 +261,8 @@ Status PlanMatMul(const TensorShape& a, const TensorShape& b,
     return InvalidArgument("bias must have shape [", n, "] (N), got ",
                            bias->DebugString());
   }
-  TF_RETURN_IF_ERROR(PlanBatchMatMul(a, logical_b, transpose_a, transpose_b,
-                                     1.0f, bias, {}, plan));
+  TF_RETURN_IF_ERROR(PlanBatchMatMul(a, logical_b, {}, {}, transpose_a,
+                                     transpose_b, 1.0f, bias, {}, plan));
   if (packed) {
     plan->ldb = b.dim_size(2);
     plan->b_block_cols = b.dim_size(2);

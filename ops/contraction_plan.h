@@ -25,7 +25,7 @@ Activation ParseActivation(const std::string& name);
 struct ContractionPlan {
   int64_t m = 0, n = 0, k = 0;
   bool transpose_a = false, transpose_b = false;
-  int64_t lda = 0, ldb = 0;  // row strides of a and b as stored
+  int64_t lda = 0, ldb = 0;  // row strides of a and b as stored (elements)
 
   // A pre-packed b (DietcodeFusedMatMul with packed_n > 0) is stored as
   // column blocks b_packed[NB, K, block_cols]: column j of op(b) starts at
@@ -33,7 +33,9 @@ struct ContractionPlan {
   // b_block_cols == 0: b is one plain matrix.
   int64_t b_block_cols = 0, b_block_stride = 0;
 
-  // One entry per output matrix (the broadcast batch, flattened).
+  // One entry per output matrix (the broadcast batch, flattened row-major
+  // over batch_dims).
+  std::vector<int64_t> batch_dims;
   std::vector<int64_t> a_offsets, b_offsets, out_offsets, addend_offsets;
 
   // Where element (row, col) of one product matrix lands in the output.
@@ -62,19 +64,28 @@ tensorflow::Status PlanMatMul(const tensorflow::TensorShape& a,
                               int64_t packed_n, Activation activation,
                               ContractionPlan* plan);
 
-// DietcodeFusedBatchMatMul{Add,Transpose}: x[..., M, K], y[..., K, N] with
-// BatchMatMulV2 broadcasting and adjoints, an optional addend broadcastable to
-// the product, and an optional permutation of the product's axes.
+// DietcodeFusedBatchMatMul{Add,Transpose}: x[..., M, K], y[..., K, N] (each
+// read through its operand permutation, empty for none) with BatchMatMulV2
+// broadcasting and adjoints, an optional addend broadcastable to the product,
+// and an optional permutation of the product's axes.
 tensorflow::Status PlanBatchMatMul(const tensorflow::TensorShape& x,
                                    const tensorflow::TensorShape& y,
+                                   const std::vector<int32_t>& x_perm,
+                                   const std::vector<int32_t>& y_perm,
                                    bool adj_x, bool adj_y, float alpha,
                                    const tensorflow::TensorShape* addend,
                                    const std::vector<int32_t>& perm,
                                    ContractionPlan* plan);
 
-// Checks that `perm` is a permutation of [0, rank) (rank < 0: unknown).
+// Checks that `perm` (the attr `name`) is a permutation of [0, rank)
+// (rank < 0: unknown).
 tensorflow::Status ValidatePermutation(const std::vector<int32_t>& perm,
-                                       int rank);
+                                       int rank, const char* name);
+
+// An operand permutation: empty, or a permutation that keeps the last axis
+// last (the operand's rows stay contiguous; adjoints swap the last two).
+tensorflow::Status ValidateOperandPermutation(const std::vector<int32_t>& perm,
+                                              int rank, const char* name);
 
 }  // namespace tf_dietcode
 

@@ -101,10 +101,14 @@ class FusedBatchMatMulOp : public FusedContractionOp {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("adj_x", &adj_x_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("adj_y", &adj_y_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("alpha", &alpha_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("x_perm", &x_perm_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("y_perm", &y_perm_));
+    OP_REQUIRES_OK(ctx, ValidateOperandPermutation(x_perm_, -1, "x_perm"));
+    OP_REQUIRES_OK(ctx, ValidateOperandPermutation(y_perm_, -1, "y_perm"));
     has_addend_ = !ctx->HasAttr("perm");
     if (!has_addend_) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("perm", &perm_));
-      OP_REQUIRES_OK(ctx, ValidatePermutation(perm_, -1));
+      OP_REQUIRES_OK(ctx, ValidatePermutation(perm_, -1, "perm"));
     }
   }
 
@@ -114,15 +118,16 @@ class FusedBatchMatMulOp : public FusedContractionOp {
     TF_RETURN_IF_ERROR(ctx->input("x", x));
     TF_RETURN_IF_ERROR(ctx->input("y", y));
     if (has_addend_) TF_RETURN_IF_ERROR(ctx->input("addend", addend));
-    return PlanBatchMatMul((*x)->shape(), (*y)->shape(), adj_x_, adj_y_,
-                           alpha_, *addend ? &(*addend)->shape() : nullptr,
-                           perm_, plan);
+    return PlanBatchMatMul((*x)->shape(), (*y)->shape(), x_perm_, y_perm_,
+                           adj_x_, adj_y_, alpha_,
+                           *addend ? &(*addend)->shape() : nullptr, perm_,
+                           plan);
   }
 
  private:
   bool adj_x_, adj_y_, has_addend_;
   float alpha_;
-  std::vector<int32_t> perm_;
+  std::vector<int32_t> x_perm_, y_perm_, perm_;
 };
 
 // Calls per tuned kernel and generic calls of one bundle, as JSON.

@@ -67,18 +67,66 @@ Status FusedMatMulShape(InferenceContext* c) {
   return BundleIsScalar(c);
 }
 
+// Operand `index` as the product reads it: through its permutation attr.
+Status PermutedOperand(InferenceContext* c, int index, const char* attr,
+                       ShapeHandle* operand) {
+  std::vector<int32_t> perm;
+  TF_RETURN_IF_ERROR(c->GetAttr(attr, &perm));
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(index), 2, operand));
+  if (perm.empty()) return Status();
+  const int rank = c->RankKnown(*operand) ? c->Rank(*operand) : -1;
+  TF_RETURN_IF_ERROR(ValidateOperandPermutation(perm, rank, attr));
+  if (rank < 0) {
+    *operand = c->UnknownShapeOfRank(static_cast<int>(perm.size()));
+    return Status();
+  }
+  std::vector<DimensionHandle> dims;
+  for (int32_t p : perm) dims.push_back(c->Dim(*operand, p));
+  *operand = c->MakeShape(dims);
+  return Status();
+}
+
+// BatchMatMulV2's shape rules on the permuted operands.
+Status BatchProductShape(InferenceContext* c, ShapeHandle* product) {
+  bool adj_x, adj_y;
+  TF_RETURN_IF_ERROR(c->GetAttr("adj_x", &adj_x));
+  TF_RETURN_IF_ERROR(c->GetAttr("adj_y", &adj_y));
+  ShapeHandle x, y;
+  TF_RETURN_IF_ERROR(PermutedOperand(c, 0, "x_perm", &x));
+  TF_RETURN_IF_ERROR(PermutedOperand(c, 1, "y_perm", &y));
+  if (!c->RankKnown(x) || !c->RankKnown(y)) {
+    *product = c->UnknownShape();
+    return Status();
+  }
+  ShapeHandle x_batch, y_batch, batch;
+  TF_RETURN_IF_ERROR(c->Subshape(x, 0, -2, &x_batch));
+  TF_RETURN_IF_ERROR(c->Subshape(y, 0, -2, &y_batch));
+  DimensionHandle k;
+  TF_RETURN_IF_ERROR(c->Merge(c->Dim(x, adj_x ? -2 : -1),
+                              c->Dim(y, adj_y ? -1 : -2), &k));
+  TF_RETURN_IF_ERROR(tensorflow::shape_inference::
+                         BroadcastBinaryOpOutputShapeFnHelper(
+                             c, x_batch, y_batch, true, &batch));
+  return c->Concatenate(batch,
+                        c->Matrix(c->Dim(x, adj_x ? -1 : -2),
+                                  c->Dim(y, adj_y ? -2 : -1)),
+                        product);
+}
+
 Status FusedBatchMatMulAddShape(InferenceContext* c) {
-  TF_RETURN_IF_ERROR(tensorflow::shape_inference::BatchMatMulV2Shape(c));
+  ShapeHandle product;
+  TF_RETURN_IF_ERROR(BatchProductShape(c, &product));
+  c->set_output(0, product);
   return BundleIsScalar(c);
 }
 
 Status FusedBatchMatMulTransposeShape(InferenceContext* c) {
   std::vector<int32_t> perm;
   TF_RETURN_IF_ERROR(c->GetAttr("perm", &perm));
-  TF_RETURN_IF_ERROR(tensorflow::shape_inference::BatchMatMulV2Shape(c));
-  const ShapeHandle product = c->output(0);
+  ShapeHandle product;
+  TF_RETURN_IF_ERROR(BatchProductShape(c, &product));
   const int rank = c->RankKnown(product) ? c->Rank(product) : -1;
-  TF_RETURN_IF_ERROR(ValidatePermutation(perm, rank));
+  TF_RETURN_IF_ERROR(ValidatePermutation(perm, rank, "perm"));
   if (rank < 0) {
     c->set_output(0, c->UnknownShapeOfRank(static_cast<int>(perm.size())));
   } else {
@@ -137,10 +185,16 @@ REGISTER_OP("DietcodeFusedBatchMatMulAdd")
     .Attr("T: {float}")
     .Attr("adj_x: bool = false")
     .Attr("adj_y: bool = false")
+    .Attr("x_perm: list(int) = []")
+    .Attr("y_perm: list(int) = []")
     .Attr("alpha: float = 1.0")
     .SetShapeFn(FusedBatchMatMulAddShape)
     .Doc(R"doc(
-alpha * BatchMatMulV2(x, y) + addend, e.g. attention scores plus a mask.
+alpha * BatchMatMulV2(x', y') + addend, e.g. attention scores plus a mask.
+
+x', y': x and y read through x_perm and y_perm (empty: as stored), which must
+  keep the last axis last, e.g. [0, 2, 1, 3] reads a [batch, time, heads,
+  depth] projection as [batch, heads, time, depth] without a transpose.
 
 addend: broadcastable to the product's shape (it never grows the output).
 bundle: scalar path of a tuned kernel bundle, "" for none.
@@ -154,12 +208,17 @@ REGISTER_OP("DietcodeFusedBatchMatMulTranspose")
     .Attr("T: {float}")
     .Attr("adj_x: bool = false")
     .Attr("adj_y: bool = false")
+    .Attr("x_perm: list(int) = []")
+    .Attr("y_perm: list(int) = []")
     .Attr("alpha: float = 1.0")
     .Attr("perm: list(int)")
     .SetShapeFn(FusedBatchMatMulTransposeShape)
     .Doc(R"doc(
-transpose(alpha * BatchMatMulV2(x, y), perm), e.g. the attention context back
-to [batch, time, heads, depth] with perm [0, 2, 1, 3].
+transpose(alpha * BatchMatMulV2(x', y'), perm), e.g. the attention context
+back to [batch, time, heads, depth] with perm [0, 2, 1, 3].
+
+x', y': x and y read through x_perm and y_perm, as for
+  DietcodeFusedBatchMatMulAdd.
 
 bundle: scalar path of a tuned kernel bundle, "" for none.
 )doc");

@@ -27,7 +27,7 @@ namespace {
 namespace json = tvm::ffi::json;
 using tvm::ffi::String;
 
-constexpr int64_t kFormat = 1;
+constexpr int64_t kFormat = 2;  // 2: batch-matmul kernels take strided 4-D views and alpha
 constexpr char kManifest[] = "manifest.json";
 
 // Manifest problems are exceptions inside Load() and become problem_.

@@ -28,11 +28,17 @@ enum Dim { kB = 0, kM, kN, kK, kNumDims };
 // A call as tuned workloads see it, derived from the op's plan.
 struct TunedCall {
   TunedKind kind = TunedKind::kDense;
-  int64_t dims[kNumDims] = {0, 0, 0, 0};
+  int64_t dims[kNumDims] = {0, 0, 0, 0};  // b: all batch matrices
   bool transpose_b = false;
-  bool bias = false;
+  bool bias = false;  // dense: a bias; batch matmul: a broadcast addend
   Activation activation = Activation::kNone;
   int64_t packed_blocks = 0, packed_tile_n = 0;  // dense: b's packed layout
+
+  // Batch matmul: the batch as [batches, heads] and the element strides of
+  // x, y, the output and the addend over (batch, head, row, column).
+  int64_t batches = 1, heads = 1;
+  int64_t x_strides[4], y_strides[4], out_strides[4], addend_strides[4];
+  float alpha = 1.0f;
 };
 
 // One tuned workload of a bundle: what it computes, its micro-kernels, and

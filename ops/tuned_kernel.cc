@@ -17,20 +17,36 @@ using tensorflow::Tensor;
 // vector loads), but TF slices can start anywhere.
 constexpr uintptr_t kKernelAlignment = 64;
 
+// Strides (batch, head) with offsets[i] == (i / heads) * batch_stride +
+// (i % heads) * head_stride for every batch matrix i, or false when the
+// offsets are not of that form (e.g. three batch dims that do not collapse).
+bool FactorOffsets(const std::vector<int64_t>& offsets, int64_t heads,
+                   int64_t strides[4]) {
+  const int64_t count = static_cast<int64_t>(offsets.size());
+  strides[0] = count > heads ? offsets[heads] : 0;
+  strides[1] = heads > 1 ? offsets[1] : 0;
+  for (int64_t i = 0; i < count; ++i) {
+    if (offsets[i] != (i / heads) * strides[0] + (i % heads) * strides[1]) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // The call as tuned workloads see it, or nothing when no workload kind
 // computes it as planned: dense needs a packed weight; a batch matmul needs
-// whole (not broadcast) batches, no epilogue and the product's own layout.
-std::optional<TunedCall> Describe(const ContractionPlan& p, const Tensor& a,
-                                  const Tensor& b) {
+// rows of x, and output rows, contiguous and a batch of at most two strided
+// dims (broadcast batch dims have stride 0).
+std::optional<TunedCall> Describe(const ContractionPlan& p, const Tensor& b) {
   if (p.transpose_a) return std::nullopt;
   TunedCall call;
   call.dims[kB] = p.batch();
   call.dims[kM] = p.m;
   call.dims[kN] = p.n;
   call.dims[kK] = p.k;
+  call.bias = p.has_addend;
   if (p.b_block_cols > 0) {
     call.kind = TunedKind::kDense;
-    call.bias = p.has_addend;
     call.activation = p.activation;
     call.packed_blocks = b.dim_size(0);
     call.packed_tile_n = b.dim_size(2);
@@ -38,16 +54,25 @@ std::optional<TunedCall> Describe(const ContractionPlan& p, const Tensor& a,
   }
   call.kind = TunedKind::kBatchMatMul;
   call.transpose_b = p.transpose_b;
-  const int64_t batch = p.batch();
-  if (p.alpha != 1.0f || p.has_addend || p.activation != Activation::kNone ||
-      a.NumElements() != batch * p.m * p.k ||
-      b.NumElements() != batch * p.k * p.n || p.out_col_stride != 1 ||
-      p.out_row_stride != p.n) {
+  call.alpha = p.alpha;
+  if (p.activation != Activation::kNone || p.out_col_stride != 1) {
     return std::nullopt;
   }
-  for (int64_t i = 0; i < batch; ++i) {
-    if (p.out_offsets[i] != i * p.m * p.n) return std::nullopt;
+  call.heads = p.batch_dims.empty() ? 1 : p.batch_dims.back();
+  call.batches = p.batch() / call.heads;
+  if (!FactorOffsets(p.a_offsets, call.heads, call.x_strides) ||
+      !FactorOffsets(p.b_offsets, call.heads, call.y_strides) ||
+      !FactorOffsets(p.out_offsets, call.heads, call.out_strides) ||
+      (p.has_addend &&
+       !FactorOffsets(p.addend_offsets, call.heads, call.addend_strides))) {
+    return std::nullopt;
   }
+  call.x_strides[2] = p.lda;
+  call.y_strides[2] = p.ldb;
+  call.out_strides[2] = p.out_row_stride;
+  call.x_strides[3] = call.y_strides[3] = call.out_strides[3] = 1;
+  call.addend_strides[2] = p.addend_row_stride;
+  call.addend_strides[3] = p.addend_col_stride;
   return call;
 }
 
@@ -81,25 +106,42 @@ tensorflow::Status CallKernel(tensorflow::OpKernelContext* ctx,
   if (addend != nullptr) {
     TF_RETURN_IF_ERROR(AlignedData(ctx, *addend, &copies[2], &addend_data));
   }
-  const int64_t batch = call.dims[kB], m = call.dims[kM], n = call.dims[kN],
-                k = call.dims[kK];
+  const int64_t m = call.dims[kM], n = call.dims[kN], k = call.dims[kK];
   float* out_data = out->flat<float>().data();
-  std::optional<FloatTensorView> x, w, bias, result;
-  if (call.kind == TunedKind::kDense) {
-    x.emplace(a_data, std::initializer_list<int64_t>{m, k});
-    w.emplace(b_data, std::initializer_list<int64_t>{b.dim_size(0), k, b.dim_size(2)});
-    if (addend_data != nullptr) bias.emplace(addend_data, std::initializer_list<int64_t>{n});
-    result.emplace(out_data, std::initializer_list<int64_t>{m, n});
-  } else {
-    x.emplace(a_data, std::initializer_list<int64_t>{batch, m, k});
-    w.emplace(b_data, call.transpose_b ? std::initializer_list<int64_t>{batch, n, k}
-                                       : std::initializer_list<int64_t>{batch, k, n});
-    result.emplace(out_data, std::initializer_list<int64_t>{batch, m, n});
-  }
-  tvm::ffi::AnyView args[4];
+  tvm::ffi::AnyView args[5];
   int num_args = 0;
-  for (auto* view : {&x, &w, &bias, &result}) {
-    if (view->has_value()) args[num_args++] = tvm::ffi::AnyView((*view)->get());
+  std::optional<FloatTensorView> views[4];
+  auto pass = [&](FloatTensorView& view) {
+    args[num_args++] = tvm::ffi::AnyView(view.get());
+  };
+  if (call.kind == TunedKind::kDense) {  // x, packed w, [bias], out
+    pass(views[0].emplace(a_data, std::initializer_list<int64_t>{m, k}));
+    pass(views[1].emplace(b_data, std::initializer_list<int64_t>{
+                                      b.dim_size(0), k, b.dim_size(2)}));
+    if (addend_data != nullptr) {
+      pass(views[2].emplace(addend_data, std::initializer_list<int64_t>{n}));
+    }
+    pass(views[3].emplace(out_data, std::initializer_list<int64_t>{m, n}));
+  } else {  // x, y, [addend], alpha, out: [batches, heads, rows, cols], strided
+    const int64_t bs = call.batches, hs = call.heads;
+    const int64_t* xs = call.x_strides;
+    const int64_t* ys = call.y_strides;
+    const int64_t* os = call.out_strides;
+    const int64_t* as = call.addend_strides;
+    pass(views[0].emplace(a_data, std::initializer_list<int64_t>{bs, hs, m, k},
+                          std::initializer_list<int64_t>{xs[0], xs[1], xs[2], xs[3]}));
+    pass(views[1].emplace(
+        b_data,
+        call.transpose_b ? std::initializer_list<int64_t>{bs, hs, n, k}
+                         : std::initializer_list<int64_t>{bs, hs, k, n},
+        std::initializer_list<int64_t>{ys[0], ys[1], ys[2], ys[3]}));
+    if (addend_data != nullptr) {
+      pass(views[2].emplace(addend_data, std::initializer_list<int64_t>{bs, hs, m, n},
+                            std::initializer_list<int64_t>{as[0], as[1], as[2], as[3]}));
+    }
+    args[num_args++] = tvm::ffi::AnyView(static_cast<double>(call.alpha));
+    pass(views[3].emplace(out_data, std::initializer_list<int64_t>{bs, hs, m, n},
+                          std::initializer_list<int64_t>{os[0], os[1], os[2], os[3]}));
   }
 
   RouteParallelLaunch(bundle.parallel_launch_hook());
@@ -121,7 +163,7 @@ bool RunTunedContraction(tensorflow::OpKernelContext* ctx,
                          const KernelBundle& bundle,
                          const ContractionPlan& plan, const Tensor& a,
                          const Tensor& b, const Tensor* addend, Tensor* out) {
-  const std::optional<TunedCall> call = Describe(plan, a, b);
+  const std::optional<TunedCall> call = Describe(plan, b);
   if (!call.has_value()) {
     bundle.CountGenericCall();
     return false;

@@ -83,14 +83,16 @@ ScopedIntraOpPool::ScopedIntraOpPool(
 ScopedIntraOpPool::~ScopedIntraOpPool() { intra_op_pool = previous_; }
 
 FloatTensorView::FloatTensorView(const float* data,
-                                 std::initializer_list<int64_t> shape) {
+                                 std::initializer_list<int64_t> shape,
+                                 std::initializer_list<int64_t> strides) {
   std::copy(shape.begin(), shape.end(), shape_);
+  std::copy(strides.begin(), strides.end(), strides_);
   tensor_.data = const_cast<float*>(data);  // kernels write only the output
   tensor_.device = DLDevice{kDLCPU, 0};
   tensor_.ndim = static_cast<int32_t>(shape.size());
   tensor_.dtype = DLDataType{kDLFloat, 32, 1};
   tensor_.shape = shape_;
-  tensor_.strides = nullptr;
+  tensor_.strides = strides.size() == 0 ? nullptr : strides_;
   tensor_.byte_offset = 0;
 }
 

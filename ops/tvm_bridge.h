@@ -47,16 +47,19 @@ class ScopedIntraOpPool {
   const tensorflow::DeviceBase::CpuWorkerThreads* previous_;
 };
 
-// A float32 CPU DLTensor over `data` (row-major, contiguous); owns its shape.
+// A float32 CPU DLTensor over `data`, row-major and contiguous, or with
+// element strides (up to 4 dims); owns its shape and strides.
 class FloatTensorView {
  public:
-  FloatTensorView(const float* data, std::initializer_list<int64_t> shape);
+  FloatTensorView(const float* data, std::initializer_list<int64_t> shape,
+                  std::initializer_list<int64_t> strides = {});
   FloatTensorView(const FloatTensorView&) = delete;
   FloatTensorView& operator=(const FloatTensorView&) = delete;
   DLTensor* get() { return &tensor_; }
 
  private:
   int64_t shape_[4];
+  int64_t strides_[4];
   DLTensor tensor_;
 };
 

@@ -54,6 +54,13 @@ def test_bad_permutation(rng, perm):
         ops.fused_batch_matmul_transpose(random_tensor(rng, (2, 3, 4)), random_tensor(rng, (2, 4, 5)), perm)
 
 
+@pytest.mark.parametrize("x_perm,message", [([1, 0, 2, 3], "x_perm has 4 entries"), ([1, 0], "keep the last axis last"),
+                                             ([0, 0, 1], "is not a permutation")])
+def test_bad_operand_permutation(rng, x_perm, message):
+    with pytest.raises(InvalidArgument, match=message):
+        ops.fused_batch_matmul_add(random_tensor(rng, (2, 3, 4)), random_tensor(rng, (2, 4, 5)), 0.0, x_perm=x_perm)
+
+
 def test_bad_permutation_at_graph_construction_is_a_shape_error(rng):
     @tf.function
     def transposed(x, y):

@@ -77,6 +77,39 @@ def test_transpose_attention_shapes(rng, perm, adj_x, adj_y):
                              perm=perm, adj_x=adj_x, adj_y=adj_y)
 
 
+@pytest.mark.parametrize("b,t,s,heads,depth", [(2, 17, 17, 12, 64), (1, 1, 5, 3, 8), (3, 0, 4, 2, 4), (2, 7, 1, 1, 16)])
+def test_operand_permutations_read_projections_in_place(rng, b, t, s, heads, depth):
+    """Keras attention: [B, T, heads, depth] projections read as [B, heads, T, depth]."""
+    query, key, value = (random_tensor(rng, (b, n, heads, depth)) for n in (t, s, s))
+    mask = random_tensor(rng, (b, 1, 1, s))
+    scores = ops.fused_batch_matmul_add(query, key, mask, x_perm=[0, 2, 1, 3], y_perm=[0, 2, 1, 3],
+                                        adj_y=True, alpha=0.125)
+    assert_matches_reference(scores, reference.fused_batch_matmul_add, [query, key, mask], x_perm=[0, 2, 1, 3],
+                             y_perm=[0, 2, 1, 3], adj_y=True, alpha=0.125)
+    context = ops.fused_batch_matmul_transpose(scores, value, [0, 2, 1, 3], y_perm=[0, 2, 1, 3])
+    assert_matches_reference(context, reference.fused_batch_matmul_transpose, [scores, value],
+                             perm=[0, 2, 1, 3], y_perm=[0, 2, 1, 3])
+
+
+def test_operand_permutation_with_broadcast_and_adjoint(rng):
+    x = random_tensor(rng, (5, 3, 4, 2))   # read as [4, 3, K=5, M=2], an adjoint
+    y = random_tensor(rng, (6, 3, 1, 5))   # read as [1, 3, N=6, K=5], an adjoint broadcast over 4
+    actual = ops.fused_batch_matmul_add(x, y, 0.5, x_perm=[2, 1, 0, 3], y_perm=[2, 1, 0, 3], adj_x=True, adj_y=True)
+    assert_matches_reference(actual, reference.fused_batch_matmul_add, [x, y, tf.constant(0.5)],
+                             x_perm=[2, 1, 0, 3], y_perm=[2, 1, 0, 3], adj_x=True, adj_y=True)
+
+
+def test_operand_permutations_in_shape_functions():
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 12, 64]), tf.TensorSpec([None, None, 12, 64])])
+    def scores(q, k):
+        product = ops.fused_batch_matmul_transpose(q, k, [0, 1, 3, 2], x_perm=[0, 2, 1, 3], y_perm=[0, 2, 1, 3],
+                                                   adj_y=True)
+        assert product.shape.as_list() == [None, 12, None, None]
+        return product
+
+    assert scores.get_concrete_function() is not None
+
+
 def test_tf_function_with_unknown_dims(rng):
     spec = tf.TensorSpec([None, 12, None, 64], tf.float32)
 

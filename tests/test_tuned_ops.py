@@ -88,28 +88,68 @@ def test_tuned_kernels_inside_a_graph_with_unknown_dims(tuned_bundle, rng):
         assert_matches_reference(out, reference.fused_matmul, [x, w.T, bias], activation="relu")
 
 
-def test_calls_no_tuned_kernel_computes_take_the_generic_kernel(tuned_bundle, rng):
+def test_attention_layouts_scale_and_mask_run_tuned(tuned_bundle, rng):
+    """Keras' attention: [B, T, heads, depth] projections read in place, the query's scale, a
+    broadcast mask, the context written straight into [B, T, heads, depth]."""
     path, report = tuned_bundle
-    w, bias = random_tensor(rng, (40, 24)), random_tensor(rng, (40,))
-    x = random_tensor(rng, (5, 24))
+    layout = [0, 2, 1, 3]
+    for t in (1, 2, 7, 13, 20, 21):
+        q, k = random_tensor(rng, (2, t, 3, 8)), random_tensor(rng, (2, t, 3, 8))
+        mask = random_tensor(rng, (2, 1, 1, t))
+        out, used = kernel_used(path, lambda: ops.fused_batch_matmul_add(
+            q, k, mask, x_perm=layout, y_perm=layout, adj_y=True, alpha=0.35, bundle=str(path)).numpy())
+        assert used == expected_kernel(report, 3, {"b": 6, "m": t, "n": t, "k": 8}), t
+        assert_matches_reference(out, reference.fused_batch_matmul_add, [q, k, mask], x_perm=layout,
+                                 y_perm=layout, adj_y=True, alpha=0.35)
+        if t > 16:
+            continue
+        probs, v = random_tensor(rng, (2, 3, t, t)), random_tensor(rng, (2, t, 3, 12))
+        out, used = kernel_used(path, lambda: ops.fused_batch_matmul_transpose(
+            probs, v, layout, y_perm=layout, bundle=str(path)).numpy())
+        assert used == expected_kernel(report, 2, {"b": 6, "m": t, "n": 12, "k": t}), t
+        assert_matches_reference(out, reference.fused_batch_matmul_transpose, [probs, v], perm=layout,
+                                 y_perm=layout)
+
+
+def test_scaled_permuted_and_broadcast_products_run_tuned(tuned_bundle, rng):
+    path, report = tuned_bundle
     q, k = random_tensor(rng, (3, 6, 8)), random_tensor(rng, (3, 6, 8))
-    qt = np.ascontiguousarray(np.swapaxes(q, 1, 2))
-    mask = random_tensor(rng, (3, 1, 6))
     cases = [  # (the call, its reference)
-        (lambda: ops.fused_matmul(x, packed_weight(report, w), bias, activation="tanh", packed_n=40, bundle=str(path)),
-         lambda: reference.fused_matmul(x, w.T, bias, activation="tanh")),            # another activation
-        (lambda: ops.fused_matmul(x, w, bias, transpose_b=True, activation="relu", bundle=str(path)),
-         lambda: reference.fused_matmul(x, w.T, bias, activation="relu")),            # weight not packed
-        (lambda: ops.fused_batch_matmul_add(q, k, mask, adj_y=True, bundle=str(path)),
-         lambda: reference.fused_batch_matmul_add(q, k, mask, adj_y=True)),           # an addend
         (lambda: ops.fused_batch_matmul_transpose(q, k, [0, 1, 2], adj_y=True, alpha=0.5, bundle=str(path)),
          lambda: reference.fused_batch_matmul_transpose(q, k, perm=[0, 1, 2], adj_y=True, alpha=0.5)),
         (lambda: ops.fused_batch_matmul_transpose(q, k, [1, 0, 2], adj_y=True, bundle=str(path)),
          lambda: reference.fused_batch_matmul_transpose(q, k, perm=[1, 0, 2], adj_y=True)),
         (lambda: ops.fused_batch_matmul_transpose(q[:1], k, [0, 1, 2], adj_y=True, bundle=str(path)),
          lambda: reference.fused_batch_matmul_transpose(q[:1], k, perm=[0, 1, 2], adj_y=True)),  # broadcast
+    ]
+    for call, expected in cases:
+        out, used = kernel_used(path, lambda: call().numpy())
+        assert used == expected_kernel(report, 1, {"b": 3, "m": 6, "n": 6, "k": 8})
+        np.testing.assert_allclose(out, expected().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_calls_no_tuned_kernel_computes_take_the_generic_kernel(tuned_bundle, rng):
+    path, report = tuned_bundle
+    w, bias = random_tensor(rng, (40, 24)), random_tensor(rng, (40,))
+    x = random_tensor(rng, (5, 24))
+    q, k = random_tensor(rng, (3, 6, 8)), random_tensor(rng, (3, 6, 8))
+    s, v = random_tensor(rng, (2, 6, 6)), random_tensor(rng, (2, 6, 12))
+    qt = np.ascontiguousarray(np.swapaxes(q, 1, 2))
+    mask = random_tensor(rng, (2, 1, 12))
+    p3, v3 = random_tensor(rng, (2, 2, 2, 5, 5)), random_tensor(rng, (2, 1, 2, 5, 12))  # 8 batches, NN's range
+    cases = [  # (the call, its reference)
+        (lambda: ops.fused_matmul(x, packed_weight(report, w), bias, activation="tanh", packed_n=40, bundle=str(path)),
+         lambda: reference.fused_matmul(x, w.T, bias, activation="tanh")),            # another activation
+        (lambda: ops.fused_matmul(x, w, bias, transpose_b=True, activation="relu", bundle=str(path)),
+         lambda: reference.fused_matmul(x, w.T, bias, activation="relu")),            # weight not packed
+        (lambda: ops.fused_batch_matmul_add(s, v, mask, bundle=str(path)),
+         lambda: reference.fused_batch_matmul_add(s, v, mask)),                       # no NN workload adds
+        (lambda: ops.fused_batch_matmul_transpose(q, k, [0, 2, 1], adj_y=True, bundle=str(path)),
+         lambda: reference.fused_batch_matmul_transpose(q, k, perm=[0, 2, 1], adj_y=True)),  # columns strided
         (lambda: ops.fused_batch_matmul_transpose(qt, k, [0, 1, 2], adj_x=True, adj_y=True, bundle=str(path)),
          lambda: reference.fused_batch_matmul_transpose(qt, k, perm=[0, 1, 2], adj_x=True, adj_y=True)),
+        (lambda: ops.fused_batch_matmul_transpose(p3, v3, [0, 1, 2, 3, 4], bundle=str(path)),
+         lambda: reference.fused_batch_matmul_transpose(p3, v3, perm=[0, 1, 2, 3, 4])),  # batch not two strides
     ]
     for call, expected in cases:
         out, used = kernel_used(path, lambda: call().numpy())

@@ -224,6 +224,7 @@ def test_plain_computations_match_the_references(rng):
 
     for workload, shape in ((Workload("dense", (1, 9), 12, 8, bias=True, activation="gelu_tanh"), (5,)),
                             (Workload("batch_matmul", (1, 9), (1, 9), 4, b=2, ties=("m", "n")), (7,)),
+                            (Workload("batch_matmul", (1, 9), (1, 9), 4, b=2, bias=True, ties=("m", "n")), (7,)),
                             (Workload("batch_matmul", (1, 9), 3, (1, 9), b=2, transpose_b=False), (6, 5))):
         dims = workload.dims_at(shape)
         template = templates.for_workload(workload)
@@ -231,6 +232,6 @@ def test_plain_computations_match_the_references(rng):
         expected = template.reference_output(operands, workload)
         sch = tvm.s_tir.Schedule(tvm.IRModule({"main": baselines.plain_prim_func(workload, dims)}))
         executable = tvm.compile(sch.mod, target=hardware.detect().target())
-        arguments = [tvm.runtime.tensor(a) for a in (*operands.values(), np.zeros(expected.shape, np.float32))]
+        arguments = baselines.plain_arguments(operands, workload)
         executable.mod["main"](*arguments)
         np.testing.assert_allclose(arguments[-1].numpy(), expected, rtol=1e-4, atol=1e-4)

@@ -20,7 +20,7 @@ def _vjp(function, inputs, output_gradient):
 
 
 def _batch_attrs(op):
-    return {"adj_x": op.get_attr("adj_x"), "adj_y": op.get_attr("adj_y"), "alpha": op.get_attr("alpha")}
+    return {name: op.get_attr(name) for name in ("adj_x", "adj_y", "alpha", "x_perm", "y_perm")}
 
 
 @tf.RegisterGradient("DietcodeFusedMatMul")

@@ -48,22 +48,33 @@ def fused_matmul(a: TensorLike, b: TensorLike, bias: TensorLike | None = None, *
         activation=_activation_name(activation), packed_n=packed_n, name=name)
 
 
+def _batch_options(x_perm, y_perm, adj_x, adj_y, alpha) -> dict:
+    return {"x_perm": [int(p) for p in x_perm or ()], "y_perm": [int(p) for p in y_perm or ()],
+            "adj_x": adj_x, "adj_y": adj_y, "alpha": alpha}
+
+
 def fused_batch_matmul_add(x: TensorLike, y: TensorLike, addend: TensorLike, *,
                            adj_x: bool = False, adj_y: bool = False, alpha: float = 1.0,
+                           x_perm: Sequence[int] | None = None, y_perm: Sequence[int] | None = None,
                            bundle: TensorLike = "", name: str | None = None) -> tf.Tensor:
-    """alpha * BatchMatMulV2(x, y) + addend, with addend broadcastable to the product."""
+    """alpha * BatchMatMulV2(x', y') + addend, with addend broadcastable to the product.
+
+    x' = tf.transpose(x, x_perm) and y' likewise, read in place (no transpose
+    runs); an operand permutation must keep the last axis last.
+    """
     return load_op_library().dietcode_fused_batch_mat_mul_add(
         x=_float32(x, "x"), y=_float32(y, "y"), addend=_float32(addend, "addend"),
-        bundle=bundle, adj_x=adj_x, adj_y=adj_y, alpha=alpha, name=name)
+        bundle=bundle, name=name, **_batch_options(x_perm, y_perm, adj_x, adj_y, alpha))
 
 
 def fused_batch_matmul_transpose(x: TensorLike, y: TensorLike, perm: Sequence[int], *,
                                  adj_x: bool = False, adj_y: bool = False, alpha: float = 1.0,
+                                 x_perm: Sequence[int] | None = None, y_perm: Sequence[int] | None = None,
                                  bundle: TensorLike = "", name: str | None = None) -> tf.Tensor:
-    """tf.transpose(alpha * BatchMatMulV2(x, y), perm) in one op."""
+    """tf.transpose(alpha * BatchMatMulV2(x', y'), perm) in one op (x', y' as in fused_batch_matmul_add)."""
     return load_op_library().dietcode_fused_batch_mat_mul_transpose(
-        x=_float32(x, "x"), y=_float32(y, "y"), bundle=bundle,
-        perm=[int(p) for p in perm], adj_x=adj_x, adj_y=adj_y, alpha=alpha, name=name)
+        x=_float32(x, "x"), y=_float32(y, "y"), bundle=bundle, perm=[int(p) for p in perm],
+        name=name, **_batch_options(x_perm, y_perm, adj_x, adj_y, alpha))
 
 
 def bundle_stats(bundle: str) -> dict:

@@ -33,14 +33,16 @@ def fused_matmul(a, b, bias=None, *, transpose_a=False, transpose_b=False, activ
     return ACTIVATIONS[activation](product)
 
 
-def _scaled_product(x, y, adj_x, adj_y, alpha):
+def _scaled_product(x, y, adj_x, adj_y, alpha, x_perm, y_perm):
+    x = tf.transpose(x, x_perm) if x_perm else x
+    y = tf.transpose(y, y_perm) if y_perm else y
     product = tf.linalg.matmul(x, y, adjoint_a=adj_x, adjoint_b=adj_y)
     return product if alpha == 1.0 else product * alpha
 
 
-def fused_batch_matmul_add(x, y, addend, *, adj_x=False, adj_y=False, alpha=1.0):
-    return _scaled_product(x, y, adj_x, adj_y, alpha) + addend
+def fused_batch_matmul_add(x, y, addend, *, adj_x=False, adj_y=False, alpha=1.0, x_perm=None, y_perm=None):
+    return _scaled_product(x, y, adj_x, adj_y, alpha, x_perm, y_perm) + addend
 
 
-def fused_batch_matmul_transpose(x, y, *, perm, adj_x=False, adj_y=False, alpha=1.0):
-    return tf.transpose(_scaled_product(x, y, adj_x, adj_y, alpha), perm)
+def fused_batch_matmul_transpose(x, y, *, perm, adj_x=False, adj_y=False, alpha=1.0, x_perm=None, y_perm=None):
+    return tf.transpose(_scaled_product(x, y, adj_x, adj_y, alpha, x_perm, y_perm), perm)

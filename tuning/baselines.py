@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import tvm
-from tvm import te
+from tvm import te, tirx
 from sklearn.tree import DecisionTreeClassifier
 
 from tf_dietcode.tuning.database import Database
@@ -38,7 +38,8 @@ def largest_shape(workload: Workload, hw: Hardware, runner, options: SearchOptio
 
 
 def plain_prim_func(workload: Workload, dims: dict[str, int]):
-    """The workload at fixed dims as TE: operands x, w|y, [bias]; no layout choice made."""
+    """The workload at fixed dims as TE, parameters as the template's operands (x, w|y, [bias|addend],
+    [alpha]); no layout choice made."""
     from tf_dietcode.tuning.templates import activation
 
     b, m, n, k = (dims[d] for d in ("b", "m", "n", "k"))
@@ -54,13 +55,31 @@ def plain_prim_func(workload: Workload, dims: dict[str, int]):
         out = te.compute((m, n), lambda i, j: activation.apply(
             workload.activation, product[i, j] + bias[j] if workload.bias else product[i, j]), name="out")
         return te.create_prim_func([*params, out])
-    x = te.placeholder((b, m, k), "float32", name="x")
-    y = te.placeholder((b, n, k) if workload.transpose_b else (b, k, n), "float32", name="y")
+    x = te.placeholder((b, 1, m, k), "float32", name="x")
+    y = te.placeholder((b, 1, n, k) if workload.transpose_b else (b, 1, k, n), "float32", name="y")
     if workload.transpose_b:
-        out = te.compute((b, m, n), lambda p, i, j: te.sum(x[p, i, r] * y[p, j, r], axis=r), name="out")
+        product = te.compute((b, 1, m, n), lambda p, h, i, j: te.sum(x[p, h, i, r] * y[p, h, j, r], axis=r))
     else:
-        out = te.compute((b, m, n), lambda p, i, j: te.sum(x[p, i, r] * y[p, r, j], axis=r), name="out")
-    return te.create_prim_func([x, y, out])
+        product = te.compute((b, 1, m, n), lambda p, h, i, j: te.sum(x[p, h, i, r] * y[p, h, r, j], axis=r))
+    alpha = tirx.Var("alpha", "float32")
+    params = [x, y]
+    if workload.bias:
+        addend = te.placeholder((b, 1, m, n), "float32", name="addend")
+        params.append(addend)
+        out = te.compute(product.shape, lambda *i: product[i] * alpha + addend[i], name="out")
+    else:
+        out = te.compute(product.shape, lambda *i: product[i] * alpha, name="out")
+    return te.create_prim_func([*params, alpha, out])
+
+
+def plain_arguments(operands: dict, workload: Workload) -> list:
+    """Arguments of plain_prim_func: the template's operands in order (scalars as they are), then
+    a zeroed output."""
+    from tf_dietcode.tuning import templates
+
+    expected = templates.for_workload(workload).reference_output(operands, workload)
+    return [value if isinstance(value, float) else tvm.runtime.tensor(value)
+            for value in (*operands.values(), np.zeros(expected.shape, np.float32))]
 
 
 def per_shape_metaschedule(workload: Workload, hw: Hardware, dims: dict[str, int], trials: int,

@@ -24,7 +24,7 @@ from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.templates import dense
 from tf_dietcode.tuning.workload import DIMS
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 LIBRARY = "kernels.so"
 MANIFEST = "manifest.json"
 

@@ -1,7 +1,11 @@
 """Tuning workloads: one fused product with its shape ranges, the key of all tuning.
 
     dense:         out[M, N] = act(x[M, K] @ w[N, K]^T + bias[N]); w static, M dynamic
-    batch_matmul:  out[B, M, N] = x[B, M, K] @ y[B, K, N]   (NN), or y[B, N, K]^T (NT)
+    batch_matmul:  out[B, M, N] = alpha * x[B, M, K] @ y[B, K, N] (+ addend)   (NN), or y[B, N, K]^T (NT)
+
+A batch matmul's `bias` is its broadcast addend (a mask or bias); its
+kernels read every operand through strides, so B may be any two batch dims
+in any layout (see templates/batch_matmul.py).
 
 Any of B, M, N, K of a batch matmul may be dynamic. Dynamic dims listed in
 `ties` always have the same size (attention's [192,T,64]x[192,T,64]^T ties M
@@ -70,8 +74,8 @@ class Workload:
         if self.kind == "dense" and not (self.n.static and self.k.static and self.b == DimRange(1, 1)
                                          and self.transpose_b):
             raise ValueError("a dense workload has a static weight w[N, K] and no batch dim")
-        if self.kind == "batch_matmul" and (self.bias or self.activation != "none"):
-            raise ValueError("batch_matmul workloads have no bias or activation epilogue yet")
+        if self.kind == "batch_matmul" and self.activation != "none":
+            raise ValueError("batch_matmul workloads have no activation epilogue")
         if self.ties and (len(self.ties) < 2 or not set(self.ties) <= set(self.dynamic_dims)):
             raise ValueError(f"ties must name two or more dynamic dims of {self.dynamic_dims}, got {self.ties}")
 

@@ -1,19 +1,29 @@
-"""Batch-matmul micro-kernels: out[B, M, N] = x[B, M, K] @ y[B, K, N] (NN) or
-y[B, N, K]^T (NT); any of B, M, N, K symbolic.
+"""Batch-matmul micro-kernels: out[B, H, M, N] = alpha * x[B, H, M, K] @ y[B, H, K, N]
+(NN) or y[B, H, N, K]^T (NT), plus an optional broadcast addend; any of the
+workload's b (= B * H), M, N, K symbolic.
+
+The batch is factored into two dims, each operand, the addend and the output
+carry symbolic strides (the innermost is 1 except for the addend), so one
+compiled kernel reads attention's projections in place ([batch, time, heads,
+depth] as [B, H, M, K]), writes the context straight into [batch, time,
+heads, depth], and broadcasts over batch dims with stride 0: the op passes
+each tensor's layout, nothing is transposed or copied.
 
 Both operands arrive at run time, so nothing is pre-packed. A parallel task is
 one batch and task_n column blocks: it fetches its y panel once into a local,
 zero-padded tile laid out [K, columns] (the NT case transposes while fetching),
 then walks the rows in tile_m steps, fetching each x row tile into a local
 zero-padded tile. The register tile computes with no checks; only the fetches
-(zero fill past M, N, K) and the write-back carry bounds.
+(zero fill past M, N, K) and the write-back (scale, addend, bound) carry them.
 """
 
 import math
 
 import numpy as np
 import tvm
-from tvm import s_tir, te
+from tvm import s_tir, tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.tirx.script.builder import ir as T
 
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.templates import accumulate_locally, dim, fetch_into_local, optional_block
@@ -22,17 +32,57 @@ from tf_dietcode.tuning.workload import Workload
 COMPUTE_BLOCK = "acc"
 
 
-def prim_func(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | None = None):
-    b, m, n, k = (dim(workload, name, dims) for name in ("b", "m", "n", "k"))
-    x = te.placeholder((b, m, k), "float32", name="x")
-    y = te.placeholder((b, n, k) if workload.transpose_b else (b, k, n), "float32", name="y")
-    r = te.reduce_axis((0, k), "k")
-    if workload.transpose_b:
-        body = lambda p, i, j: te.sum(x[p, i, r] * y[p, j, r], axis=r)  # noqa: E731
+def _buffer(name: str, shape: tuple, symbolic_strides: bool, contiguous_last: bool = True) -> tirx.Buffer:
+    """A parameter buffer: with symbolic strides (the last one 1 if contiguous_last), or compact."""
+    if not symbolic_strides:
+        return tirx.decl_buffer(shape, "float32", name)
+    strides = [tirx.Var(f"{name}_stride{i}", "int64") for i in range(len(shape))]
+    if contiguous_last:
+        strides[-1] = tirx.const(1, "int64")
+    return tirx.decl_buffer(shape, "float32", name, strides=strides)
+
+
+def prim_func(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | None = None) -> tirx.PrimFunc:
+    """Params x, y, [addend], alpha, out. dims=None: the dynamic dims and both batch factors
+    symbolic, every buffer strided; else all fixed (batch [b, 1]) and compact."""
+    m, n, k = (dim(workload, name, dims) for name in ("m", "n", "k"))
+    symbolic = dims is None
+    if symbolic:
+        batches, heads = tirx.Var("B", "int64"), tirx.Var("H", "int64")
     else:
-        body = lambda p, i, j: te.sum(x[p, i, r] * y[p, r, j], axis=r)  # noqa: E731
-    out = te.compute((b, m, n), body, name=COMPUTE_BLOCK)
-    return te.create_prim_func([x, y, out])
+        batches, heads = tirx.const(dims["b"], "int64"), tirx.const(1, "int64")
+    product = (batches, heads, m, n)
+    with IRBuilder() as builder:
+        with T.prim_func(s_tir=True):
+            T.func_name("main")
+            T.func_attr({"tirx.noalias": True})
+            x = T.arg("x", _buffer("x", (batches, heads, m, k), symbolic))
+            y = T.arg("y", _buffer("y", (batches, heads, n, k) if workload.transpose_b else (batches, heads, k, n),
+                                   symbolic))
+            addend = T.arg("addend", _buffer("addend", product, symbolic, False)) if workload.bias else None
+            alpha = T.arg("alpha", tirx.Var("alpha", "float32"))
+            out = T.arg("out", _buffer("out", product, symbolic))
+            with T.sblock("root"):
+                acc = IRBuilder.name(COMPUTE_BLOCK, T.sblock_alloc_buffer(product, "float32"))
+                with T.grid(*product, k) as (p, h, i, j, r):
+                    with T.sblock(COMPUTE_BLOCK):
+                        index = [T.axis.spatial(extent, v) for extent, v in zip(product, (p, h, i, j))]
+                        vr = T.axis.reduce(k, r)
+                        x_at = x[index[0], index[1], index[2], vr]
+                        y_at = y[(*index[:2], index[3], vr) if workload.transpose_b else (*index[:2], vr, index[3])]
+                        T.reads(x_at, y_at)
+                        T.writes(acc[index])
+                        with T.init():
+                            T.buffer_store(acc, tirx.const(0, "float32"), index)
+                        T.buffer_store(acc, acc[index] + x_at * y_at, index)
+                with T.grid(*product) as loops:
+                    with T.sblock("out"):
+                        index = [T.axis.spatial(extent, v) for extent, v in zip(product, loops)]
+                        T.reads(acc[index], *([addend[index]] if addend is not None else []))
+                        T.writes(out[index])
+                        value = acc[index] * alpha
+                        T.buffer_store(out, value + addend[index] if addend is not None else value, index)
+    return builder.get()
 
 
 def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | None = None) -> tvm.IRModule:
@@ -40,43 +90,55 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     block = sch.get_sblock(COMPUTE_BLOCK)
     k_padding = 1 if workload.k.static else kernel.tile_k
     # Columns pad to whole tasks, so no task's loops need a bound.
-    sch.pad_einsum(block, [1, kernel.tile_m, kernel.tile_n * kernel.task_n, k_padding])
-    p, i, j, k = sch.get_loops(block)
+    sch.pad_einsum(block, [1, 1, kernel.tile_m, kernel.tile_n * kernel.task_n, k_padding])
+    copy_out = optional_block(sch, f"{COMPUTE_BLOCK}_pad")
+    if copy_out is not None:
+        sch.compute_inline(copy_out)  # the epilogue reads the padded tile directly
+    p, h, i, j, k = sch.get_loops(block)
     i_outer, i_inner = sch.split(i, [None, kernel.tile_m])
     j_outer, j_inner = sch.split(j, [None, kernel.tile_n])
     j_task, j_block = sch.split(j_outer, [None, kernel.task_n])
     k_outer, k_inner = sch.split(k, [None, kernel.tile_k])
     middle = [k_outer, j_block] if kernel.k_outer else [j_block, k_outer]
-    sch.reorder(p, j_task, i_outer, *middle, k_inner, i_inner, j_inner)
-    task = sch.fuse(p, j_task)
+    sch.reorder(p, h, j_task, i_outer, *middle, k_inner, i_inner, j_inner)
+    task = sch.fuse(p, h, j_task)
     sch.parallel(task)
 
     panel = fetch_into_local(sch, "y_pad", task)    # the task's y columns, laid out [K, columns]
     if panel is not None and workload.transpose_b:
-        sch.transform_layout(panel, ("write", 0), lambda q, c, d: (q, d, c))
+        sch.transform_layout(panel, ("write", 0), lambda q, g, c, d: (q, g, d, c))
     fetch_into_local(sch, "x_pad", i_outer)         # tile_m rows of x
-    accumulate_locally(sch, block, i_outer, optional_block(sch, f"{COMPUTE_BLOCK}_pad"),
-                       j_inner, i_inner, middle[0])
+    accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), j_inner, i_inner, middle[0])
     return sch.mod
 
 
-def random_operands(workload: Workload, dims: dict[str, int], rng: np.random.Generator) -> dict[str, np.ndarray]:
+def random_operands(workload: Workload, dims: dict[str, int], rng: np.random.Generator) -> dict:
+    """x, y, [addend] with the batch as [b, 1] (compact layouts), and alpha: the kernel's parameter order."""
     b, m, n, k = (dims[d] for d in ("b", "m", "n", "k"))
-    return {"x": rng.uniform(-1, 1, (b, m, k)).astype(np.float32),
-            "y": rng.uniform(-1, 1, (b, n, k) if workload.transpose_b else (b, k, n)).astype(np.float32)}
+    operands = {"x": rng.uniform(-1, 1, (b, 1, m, k)).astype(np.float32),
+                "y": rng.uniform(-1, 1, (b, 1, n, k) if workload.transpose_b else (b, 1, k, n)).astype(np.float32)}
+    if workload.bias:
+        operands["addend"] = rng.uniform(-1, 1, (b, 1, m, n)).astype(np.float32)
+    operands["alpha"] = float(rng.uniform(0.5, 2.0))
+    return operands
 
 
-def kernel_arguments(operands: dict[str, np.ndarray], workload: Workload, kernel: MicroKernel, device=None):
+def kernel_arguments(operands: dict, workload: Workload, kernel: MicroKernel, device=None) -> list:
+    """x, y, [addend], alpha and a zeroed output, in the kernel's parameter order."""
     del kernel  # no operand depends on the micro-kernel's layout
     x, y = operands["x"], operands["y"]
-    n = y.shape[1] if workload.transpose_b else y.shape[2]
-    arrays = [x, y, np.zeros((x.shape[0], x.shape[1], n), np.float32)]
-    return [tvm.runtime.tensor(a, device or tvm.cpu()) for a in arrays]
+    n = y.shape[2] if workload.transpose_b else y.shape[3]
+    arrays = [x, y, *([operands["addend"]] if workload.bias else [])]
+    tensors = [tvm.runtime.tensor(a, device or tvm.cpu()) for a in arrays]
+    out = tvm.runtime.tensor(np.zeros((*x.shape[:3], n), np.float32), device or tvm.cpu())
+    return [*tensors, operands["alpha"], out]
 
 
-def reference_output(operands: dict[str, np.ndarray], workload: Workload) -> np.ndarray:
+def reference_output(operands: dict, workload: Workload) -> np.ndarray:
     y = operands["y"].astype(np.float64)
-    return operands["x"].astype(np.float64) @ (np.swapaxes(y, 1, 2) if workload.transpose_b else y)
+    product = operands["alpha"] * (operands["x"].astype(np.float64) @ (np.swapaxes(y, 2, 3) if workload.transpose_b
+                                                                        else y))
+    return product + operands["addend"] if workload.bias else product
 
 
 def task_count(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
