@@ -3,20 +3,25 @@ layouts, scale and epilogue folded in.
 
 Einsum (as Keras' MultiHeadAttention emits it): an equation with shared batch
 letters, one row letter (left operand and output), one column letter (right
-operand and output) and one contracted letter, e.g. 'BTNH,BSNH->BNTS'
-(scores) or 'BNTS,BSNH->BTNH' (context), is  transpose(alpha * x @ op(y), perm)
-with the operands transposed to [batch..., rows, K] and [batch..., K, cols]
-(or [batch..., cols, K], taken as an adjoint).
+operand and output) and one contracted letter, e.g. 'aecd,abcd->acbe'
+(scores) or 'acbe,aecd->abcd' (context), is  transpose(alpha * op(x') @ op(y'), perm)
+with x', y' the operands permuted to [batch..., rows, K] and [batch..., K, cols]
+(or to their adjoints, whichever keeps each operand's last axis last, so the
+op reads them in place). The operands are swapped when the output's last
+letter is the left operand's row letter, so the product's columns are the
+output's contiguous axis (what tuned kernels write).
 
-BatchMatMulV2 (as hand-written BERTs use it): a Transpose of an operand that
-only swaps its last two axes becomes an adjoint; a Transpose of the product
-becomes perm, or else a broadcast Add of a mask or bias becomes the addend.
+BatchMatMulV2 (as hand-written BERTs use it): a Transpose of an operand
+becomes its operand permutation (an adjoint where it moves the last axis to
+second-to-last); a Transpose of the product becomes perm, or else a broadcast
+Add of a mask or bias becomes the addend.
 
 Either way a scalar Mul on the left operand becomes alpha (Keras scales the
 query this way). Every folded node must be read by nothing else.
 """
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -28,8 +33,8 @@ class AttentionMatch:
     core: str                  # the Einsum or BatchMatMulV2 node
     x: str                     # left operand (before x_perm)
     y: str                     # right operand (before y_perm)
-    x_perm: list[int] | None   # transpose bringing x to [batch..., rows, K]; None: as is
-    y_perm: list[int] | None   # transpose bringing y to [batch..., K, cols] or, with adj_y, [batch..., cols, K]
+    x_perm: list[int] | None   # transpose bringing x to [batch..., rows, K] or, with adj_x, [.., K, rows]
+    y_perm: list[int] | None   # transpose bringing y to [batch..., K, cols] or, with adj_y, [.., cols, K]
     adj_y: bool
     alpha: float
     perm: list[int] | None     # product axes -> output axes; None with an addend
@@ -69,12 +74,15 @@ def find(index: GraphIndex) -> list[AttentionMatch]:
         if (len(rows), len(cols), len(contracted)) != (1, 1, 1) or \
                 len(batch) + 2 != len(lhs) or len(batch) + 2 != len(rhs) or len(out) != len(batch) + 2:
             continue
+        inputs = [tensor_name(i) for i in node.input]
+        if out[-1] in lhs:  # swap: the product's columns become the output's last axis
+            lhs, rhs, rows, cols, inputs = rhs, lhs, cols, rows, inputs[::-1]
         b, m, n, k = "".join(batch), rows[0], cols[0], contracted[0]
-        y_order, adj_y = (b + n + k, True) if rhs.index(n) < rhs.index(k) else (b + k + n, False)
+        x_order, adj_x = (b + k + m, True) if lhs[-1] == m else (b + m + k, False)
+        y_order, adj_y = (b + n + k, True) if rhs[-1] == k else (b + k + n, False)
         product = b + m + n
-        match = AttentionMatch(node.name, tensor_name(node.input[0]), tensor_name(node.input[1]),
-                               _layout(lhs, b + m + k), _layout(rhs, y_order), adj_y, 1.0,
-                               [product.index(c) for c in out], f"{node.name}:0")
+        match = AttentionMatch(node.name, inputs[0], inputs[1], _layout(lhs, x_order), _layout(rhs, y_order),
+                               adj_y, 1.0, [product.index(c) for c in out], f"{node.name}:0", adj_x=adj_x)
         _fold_scale(index, match, node)
         matches.append(match)
     return matches
@@ -92,14 +100,22 @@ def _fold_scale(index: GraphIndex, match: AttentionMatch, core) -> None:
                 return
 
 
-def _swaps_last_two(index: GraphIndex, tensor: str, reader) -> str | None:
-    """T when tensor = Transpose(T, [0, .., n-1, n-2]) read only by `reader`."""
+def _folded_transpose(index: GraphIndex, tensor: str, reader) -> tuple[str, list[int] | None, bool] | None:
+    """(T, operand perm, adjoint toggled) when tensor = Transpose(T, p) read only by `reader` and
+    p keeps T's last axis in one of the last two places; the perm is None when only an adjoint remains."""
     node = index.producer(tensor)
     if node.op != "Transpose" or index.sole_consumer(node.name) is not reader:
         return None
     perm = index.value(node.input[1])
-    n = 0 if perm is None else len(perm)
-    return tensor_name(node.input[0]) if n >= 2 and list(perm) == [*range(n - 2), n - 1, n - 2] else None
+    if perm is None or len(perm) < 2:
+        return None
+    perm, last = [int(p) for p in perm], len(perm) - 1
+    if perm[-1] != last and perm[-2] != last:
+        return None
+    toggled = perm[-1] != last
+    if toggled:
+        perm = [*perm[:-2], perm[-1], perm[-2]]
+    return tensor_name(node.input[0]), (None if perm == list(range(len(perm))) else perm), toggled
 
 
 def _batch_matmul(index: GraphIndex, node) -> AttentionMatch | None:
@@ -110,10 +126,12 @@ def _batch_matmul(index: GraphIndex, node) -> AttentionMatch | None:
     match = AttentionMatch(node.name, x, y, None, None, node.attr["adj_y"].b, 1.0, list(range(len(shape))),
                            f"{node.name}:0", form="attention (BatchMatMulV2)", adj_x=node.attr["adj_x"].b)
     for side in ("x", "y"):
-        source = _swaps_last_two(index, getattr(match, side), node)
-        if source is not None:
+        folded = _folded_transpose(index, getattr(match, side), node)
+        if folded is not None:
+            source, perm, toggled = folded
             setattr(match, side, source)
-            setattr(match, f"adj_{side}", not getattr(match, f"adj_{side}"))
+            setattr(match, f"{side}_perm", perm)
+            setattr(match, f"adj_{side}", getattr(match, f"adj_{side}") != toggled)
     after = index.sole_consumer(match.output)
     if after is not None and after.op == "Transpose":
         perm = index.value(after.input[1])
@@ -124,3 +142,19 @@ def _batch_matmul(index: GraphIndex, node) -> AttentionMatch | None:
         match.addend, match.perm = inputs[1] if inputs[0] == match.output else inputs[0], None
         match.output = f"{after.name}:0"
     return match
+
+
+def product_dims(match: AttentionMatch, x_shape: list[int], y_shape: list[int]) -> dict[str, int]:
+    """The product's b (all batch matrices), m, n, k for operands of these shapes."""
+    x = [x_shape[p] for p in match.x_perm] if match.x_perm else list(x_shape)
+    y = [y_shape[p] for p in match.y_perm] if match.y_perm else list(y_shape)
+    m, k = (x[-1], x[-2]) if match.adj_x else (x[-2], x[-1])
+    n = y[-2] if match.adj_y else y[-1]
+    if k != (y[-1] if match.adj_y else y[-2]) or not _broadcastable(x[:-2], y[:-2]):
+        raise ValueError(f"{match.core}: operands of shapes {x_shape} and {y_shape} (at a corner of the shape "
+                         "ranges) cannot be multiplied; the ranges do not fit the model")
+    return {"b": math.prod(np.broadcast_shapes(tuple(x[:-2]), tuple(y[:-2]))), "m": m, "n": n, "k": k}
+
+
+def _broadcastable(a: list[int], b: list[int]) -> bool:
+    return all(p == q or 1 in (p, q) for p, q in zip(a[::-1], b[::-1]))

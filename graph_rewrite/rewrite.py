@@ -46,16 +46,24 @@ def dense_replacement(match: DenseMatch) -> tf.compat.v1.GraphDef:
     return _scratch_graph(build)
 
 
+def _read_in_place(perm: list[int] | None) -> bool:
+    """Whether the op can read an operand through `perm` (it keeps the last axis last)."""
+    return perm is None or perm[-1] == len(perm) - 1
+
+
 def attention_replacement(match: AttentionMatch) -> tf.compat.v1.GraphDef:
     """alpha * op(x') @ op(y'), then + addend or transposed by perm, with x', y' the operands in
-    matmul layout; placeholders x, y, addend and bundle."""
+    matmul layout (read in place through x_perm/y_perm where the op can, else transposed first);
+    placeholders x, y, addend and bundle."""
     def build():
         x = tf.compat.v1.placeholder(tf.float32, name="x")
         y = tf.compat.v1.placeholder(tf.float32, name="y")
         bundle = tf.compat.v1.placeholder(tf.string, [], name="bundle")
-        x = x if match.x_perm is None else tf.transpose(x, match.x_perm)
-        y = y if match.y_perm is None else tf.transpose(y, match.y_perm)
-        options = {"adj_x": match.adj_x, "adj_y": match.adj_y, "alpha": match.alpha, "bundle": bundle, "name": "out"}
+        x_perm, y_perm = (p if _read_in_place(p) else None for p in (match.x_perm, match.y_perm))
+        x = x if _read_in_place(match.x_perm) else tf.transpose(x, match.x_perm)
+        y = y if _read_in_place(match.y_perm) else tf.transpose(y, match.y_perm)
+        options = {"adj_x": match.adj_x, "adj_y": match.adj_y, "alpha": match.alpha, "x_perm": x_perm,
+                   "y_perm": y_perm, "bundle": bundle, "name": "out"}
         if match.addend is not None:
             ops.fused_batch_matmul_add(x, y, tf.compat.v1.placeholder(tf.float32, name="addend"), **options)
         else:

@@ -67,12 +67,17 @@ def from_examples(specs: dict[str, tf.TensorSpec], examples) -> DimRanges:
     return seen
 
 
-def row_ranges(function, specs: dict[str, tf.TensorSpec], ranges: DimRanges,
-               contracted: list[int]) -> list[tuple[int, int]]:
-    """(lo, hi) of M for each layer input `function` returns (in order), with its trailing dims contracted."""
+def corner_shapes(function, specs: dict[str, tf.TensorSpec], ranges: DimRanges) -> dict[str, tuple[list, list]]:
+    """Shapes of the tensors `function` returns (a dict) on zero inputs at the lowest and the
+    highest corner of the ranges: {name: (shape at the lowest, shape at the highest)}."""
     corners = []
     for end in (0, 1):
         inputs = [tf.zeros([r[end] for r in ranges[name]], spec.dtype) for name, spec in specs.items()]
-        shapes = [t.shape.as_list() for t in function(*inputs)]
-        corners.append([math.prod(shape[: len(shape) - c]) for shape, c in zip(shapes, contracted)])
-    return [(min(lo, hi), max(lo, hi)) for lo, hi in zip(*corners)]
+        corners.append({name: t.shape.as_list() for name, t in function(*inputs).items()})
+    return {name: (corners[0][name], corners[1][name]) for name in corners[0]}
+
+
+def row_range(corners: tuple[list, list], contracted: int) -> tuple[int, int]:
+    """(lo, hi) of M = the product of a layer input's leading dims (its last `contracted` are K)."""
+    lo, hi = (math.prod(shape[: len(shape) - contracted]) for shape in corners)
+    return min(lo, hi), max(lo, hi)

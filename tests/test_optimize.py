@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import tf_dietcode
 from tf_dietcode.tuning import search
+from tf_dietcode.tuning.workload import DimRange
 
 TINY_TUNING = search.SearchOptions(trials=4, batch=4, samples=3)
 RANGES = {"x": [(1, 2), (1, 12), 32]}
@@ -46,9 +47,13 @@ def test_every_dense_form_is_found_and_fused(optimized):
     # 2-D), and attention's 2 products of computed operands (scores, context)
     assert dict(report.found) == {"tensordot": 4, "einsum": 8, "matmul": 2, "attention (einsum)": 4}
     assert report.fused == report.found
-    activations = sorted(w.activation for w in report.workloads)
-    assert activations == ["gelu", "none", "none", "relu"]  # Q/K/V share one workload
-    assert {w.m.hi for w in report.workloads} == {24, 2}     # 2 x 12 rows, and 2 rows after the slice
+    dense = [w for w in report.workloads if w.kind == "dense"]
+    assert sorted(w.activation for w in dense) == ["gelu", "none", "none", "relu"]  # Q/K/V share one workload
+    assert {w.m.hi for w in dense} == {24, 2}     # 2 x 12 rows, and 2 rows after the slice
+    # Attention's products over batch x heads = 2..4: scores [T, 16] x [T, 16]^T, context [T, T] x [T, 16]
+    products = {(w.transpose_b, w.b, w.m, w.n, w.k, w.ties) for w in report.workloads if w.kind == "batch_matmul"}
+    assert products == {(True, DimRange(2, 4), DimRange(1, 12), DimRange(1, 12), DimRange(16, 16), ("m", "n")),
+                        (False, DimRange(2, 4), DimRange(1, 12), DimRange(16, 16), DimRange(1, 12), ("m", "k"))}
     assert "dense (einsum): 8 / 8" in report.summary() and "attention (einsum): 4 / 4" in report.summary()
 
 
@@ -93,9 +98,9 @@ def test_the_optimized_model_runs_tuned_kernels(optimized):
     model.signatures["serving_default"](x=np.ones((2, 5, 32), np.float32))
     after = tf_dietcode.ops.bundle_stats(str(manifest))
     assert after["problem"] == ""
-    assert after["generic_calls"] - before["generic_calls"] == 2  # attention's products: no tuned workload yet
+    assert after["generic_calls"] == before["generic_calls"]
     assert sum(map(sum, (w["calls"] for w in after["workloads"]))) - \
-        sum(map(sum, (w["calls"] for w in before["workloads"]))) == 7  # every dense layer
+        sum(map(sum, (w["calls"] for w in before["workloads"]))) == 9  # every dense layer, both attention products
     packed = {v.name for v in tf.train.TrackableView(model).descendants()
               if isinstance(v, tf.Variable) and v.name.startswith("dietcode_packed")}
     assert len(packed) == 7  # one per layer, shared by both signatures
@@ -142,13 +147,14 @@ def test_einsum_products_of_computed_operands(tmp_path, rng, equation, lhs, rhs)
     model = Model()
     tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
     report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING,
-                                  shape_ranges={"a": [(1, 4)] * len(lhs), "b": [(1, 8)] * len(rhs)})
-    assert report.fused["attention (einsum)"] == 1 and report.workloads == []
+                                  shape_ranges={"a": [(1, 8)] * len(lhs), "b": [(1, 8)] * len(rhs)})
+    assert report.fused["attention (einsum)"] == 1 and [w.kind for w in report.workloads] == ["batch_matmul"]
     a, b = rng.uniform(-1, 1, lhs).astype(np.float32), rng.uniform(-1, 1, rhs).astype(np.float32)
     optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
     np.testing.assert_allclose(optimized(a=a, b=b)["out"], np.einsum(equation, a * 0.125, b), rtol=1e-5, atol=1e-5)
-    assert "DietcodeFusedBatchMatMulTranspose" in {n.op for f in optimized.graph.as_graph_def().library.function
-                                                   for n in f.node_def}
+    graph_ops = {n.op for f in optimized.graph.as_graph_def().library.function for n in f.node_def}
+    assert "DietcodeFusedBatchMatMulTranspose" in graph_ops
+    assert not {"Einsum", "Transpose"} & graph_ops  # operands read in place, output written in place
 
 
 @pytest.mark.parametrize("activation,expected", [

@@ -47,16 +47,41 @@ class Report:
                   for form, count in sorted(self.found.items())]
         lines += [f"  left alone: {p.form} {p.node}: {p.reason}" for p in self.left_alone]
         lines.append(f"workloads tuned: {len(self.workloads)}")
-        lines += [f"  dense M={w.m.lo}..{w.m.hi} N={w.n.lo} K={w.k.lo} bias={w.bias} {w.activation}"
-                  for w in self.workloads]
+        lines += [f"  {_describe(w)}" for w in self.workloads]
         if self.output_dir:
             lines.append(f"written to {self.output_dir}")
         return "\n".join(lines)
 
 
-def _workload(match: dense_patterns.DenseMatch, rows: tuple[int, int]) -> Workload:
+def _dense_workload(match: dense_patterns.DenseMatch, rows: tuple[int, int]) -> Workload:
     return Workload("dense", (max(rows[0], 1), max(rows[1], 1)), match.n, match.k,
                     bias=match.bias is not None, activation=match.activation)
+
+
+def _attention_workload(match: attention_patterns.AttentionMatch, lowest: dict, highest: dict) -> Workload:
+    """The product's workload from its dims at the lowest and highest corner of the shape ranges.
+
+    Dynamic dims with the same range are taken as one shape variable (attention's
+    rows and columns both follow the sequence length), the largest such group.
+    """
+    ranges = {d: (min(lowest[d], highest[d]), max(lowest[d], highest[d])) for d in lowest}
+    groups = collections.defaultdict(list)
+    for d, (lo, hi) in ranges.items():
+        if lo != hi:
+            groups[(lo, hi)].append(d)
+    ties = max(groups.values(), key=len, default=[])
+    return Workload("batch_matmul", ranges["m"], ranges["n"], ranges["k"], b=ranges["b"],
+                    transpose_b=match.adj_y, bias=match.addend is not None,
+                    ties=tuple(ties) if len(ties) > 1 else ())
+
+
+def _describe(workload: Workload) -> str:
+    names = ("m", "n", "k") if workload.kind == "dense" else ("b", "m", "n", "k")
+    dims = " ".join(f"{d.upper()}={r.lo}" if r.static else f"{d.upper()}={r.lo}..{r.hi}"
+                    for d in names for r in [getattr(workload, d)])
+    if workload.kind == "dense":
+        return f"dense {dims} bias={workload.bias} {workload.activation}"
+    return f"batch matmul {'NT' if workload.transpose_b else 'NN'} {dims} addend={workload.bias}"
 
 
 class Converter:
@@ -113,22 +138,23 @@ class Converter:
             self.report.ranges, self.report.notes = self.ranges, []
         self._workloads, self._built = {}, True
         for graph in self.graphs:
-            matches = self.matches[graph.key]
-            if not matches:
+            dense_matches = self.matches[graph.key]
+            products = [a for a in self.attention[graph.key] if not a.adj_x]  # tuned kernels read x as is
+            if not dense_matches and not products:
                 continue
-            inputs = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors,
-                                                    {str(i): m.x for i, m in enumerate(matches)},
-                                                    graph.captures, graph.graph_def)
-            layer_inputs = inputs.function()
-
-            def run(*args, layer_inputs=layer_inputs, count=len(matches)):
-                values = layer_inputs(*args)
-                return [values[str(i)] for i in range(count)]
-
-            rows = shape_ranges.row_ranges(run, graph.input_specs, self.ranges[graph.key],
-                                           [m.contracted for m in matches])
-            for match, m_range in zip(matches, rows):
-                self._workloads[(graph.key, match.core)] = _workload(match, m_range)
+            tensors = {**{f"dense_{i}": m.x for i, m in enumerate(dense_matches)},
+                       **{f"x_{i}": a.x for i, a in enumerate(products)},
+                       **{f"y_{i}": a.y for i, a in enumerate(products)}}
+            operands = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, tensors,
+                                                      graph.captures, graph.graph_def).function()
+            corners = shape_ranges.corner_shapes(operands, graph.input_specs, self.ranges[graph.key])
+            for i, match in enumerate(dense_matches):
+                self._workloads[(graph.key, match.core)] = _dense_workload(
+                    match, shape_ranges.row_range(corners[f"dense_{i}"], match.contracted))
+            for i, match in enumerate(products):
+                dims = [attention_patterns.product_dims(match, x, y) for x, y in zip(corners[f"x_{i}"],
+                                                                                     corners[f"y_{i}"])]
+                self._workloads[(graph.key, match.core)] = _attention_workload(match, *dims)
         workloads = list(dict.fromkeys(self._workloads.values()))
         self.report.workloads = workloads
         if not workloads:
@@ -138,7 +164,7 @@ class Converter:
         self._tuning_dir = tempfile.TemporaryDirectory(prefix="tf_dietcode-")  # removed with the converter
         self._bundle_dir = pathlib.Path(self._tuning_dir.name) / "bundle"
         manifest = tune(workloads, self._bundle_dir, options=self.tuning, database=self.database).manifest
-        self._layouts = {w: entry["weight_layout"] for w, entry in zip(workloads, manifest["workloads"])}
+        self._layouts = {w: entry.get("weight_layout") for w, entry in zip(workloads, manifest["workloads"])}
         return self
 
     def save(self, output_saved_model_dir: str | pathlib.Path, *, overwrite: bool = False) -> Report:
