@@ -34,6 +34,7 @@ import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
 from bench import encoder, report  # noqa: E402
+from bench.threads import use_threads  # noqa: E402
 from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
 from tf_dietcode.tuning import search  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
@@ -41,11 +42,6 @@ from tf_dietcode.tuning.database import Database  # noqa: E402
 MODEL = encoder.BERT_BASE
 SECONDS_PER_CELL = 20.0
 TOLERANCE = {"dietcode": 1e-4, "xla": 1e-3, "onnxruntime": 1e-3}
-
-
-def configure_threads() -> None:
-    tf.config.threading.set_intra_op_parallelism_threads(2)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
 def token_ids(batch: int, t: int) -> np.ndarray:
@@ -74,7 +70,7 @@ def onednn_off_seconds(saved_model: pathlib.Path, cells: list[tuple[int, int]], 
 
 
 def onednn_off_worker(saved_model: str, cells: list[tuple[int, int]], out: pathlib.Path) -> None:
-    configure_threads()
+    use_threads()
     model = tf.saved_model.load(saved_model)  # kept: a signature does not keep its variables alive
     signature = model.signatures["serving_default"]
     timings = []
@@ -106,7 +102,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.onednn_off_worker:
         return onednn_off_worker(args.onednn_off_worker, args.cells, args.out)
-    configure_threads()
+    use_threads()
     args.out.mkdir(parents=True, exist_ok=True)
     original, optimized = args.out / "original", args.out / "optimized"
     shutil.rmtree(original, ignore_errors=True)

@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench import in_graph_timing, report  # noqa: E402
+from bench.threads import use_threads  # noqa: E402
 from bench.tuned_kernels import read_bundle_manifest  # noqa: E402
 from tf_dietcode import ops, reference  # noqa: E402
 from tf_dietcode.tuning.templates import dense  # noqa: E402
@@ -73,8 +74,7 @@ def main(argv=None):
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args(argv)
     manifest = read_bundle_manifest(args.bundle)
-    tf.config.threading.set_intra_op_parallelism_threads(2)
-    tf.config.threading.set_inter_op_parallelism_threads(4)
+    use_threads(inter_op=4)
     layout = manifest["workloads"][0]["weight_layout"]  # dense b16, N=2304, K=768
     rng = np.random.default_rng(0)
     w = rng.uniform(-1, 1, (2304, 768)).astype(np.float32)

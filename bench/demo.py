@@ -24,6 +24,7 @@ import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
 from bench import encoder, report  # noqa: E402
+from bench.threads import use_threads  # noqa: E402
 from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
 from tf_dietcode.tuning import search  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
@@ -34,8 +35,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="quick tuning and a few T")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/demo"))
     args = parser.parse_args(argv)
-    tf.config.threading.set_intra_op_parallelism_threads(2)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    use_threads()
     original, optimized = args.out / "original", args.out / "optimized"
     shutil.rmtree(original, ignore_errors=True)
     model = encoder.DEMO

@@ -15,6 +15,7 @@ import tensorflow as tf
 from tqdm import tqdm
 
 from bench import in_graph_timing, report
+from bench.threads import use_threads
 from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS, WORKLOADS
 
 PEERS = ("tensorflow", "dietcode")
@@ -49,8 +50,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads for every peer")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args(argv)
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    use_threads(args.threads)
 
     rows = measure(WORKLOADS, QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS, args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ import tensorflow as tf  # noqa: E402
 import tvm  # noqa: E402
 
 from bench import in_graph_timing, report  # noqa: E402
+from bench.threads import use_threads  # noqa: E402
 from bench.tuned_kernels import CASES, read_bundle_manifest, tvm_seconds  # noqa: E402
 from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
 from tf_dietcode import ops  # noqa: E402
@@ -54,8 +55,7 @@ def main(argv=None):
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args(argv)
     manifest = read_bundle_manifest(args.bundle)
-    tf.config.threading.set_intra_op_parallelism_threads(2)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    use_threads()
     library = ctypes.CDLL(str(args.bundle / bundle.LIBRARY))
     module = tvm.runtime.load_module(str(args.bundle / bundle.LIBRARY))
     rng = np.random.default_rng(0)

@@ -27,6 +27,7 @@ import tensorflow as tf  # noqa: E402
 import tvm  # noqa: E402
 
 from bench import in_graph_timing, peak, report  # noqa: E402
+from bench.threads import use_threads  # noqa: E402
 from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
 from tf_dietcode import reference  # noqa: E402
 from tf_dietcode.tuning import baselines, bundle, hardware, measure, search, templates  # noqa: E402
@@ -67,8 +68,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="a few T and the quick search budget")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args(argv)
-    tf.config.threading.set_intra_op_parallelism_threads(2)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    use_threads()
     args.out.mkdir(parents=True, exist_ok=True)
     sequence_lengths = QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS
     options = search.QUICK if args.quick else search.SearchOptions()

@@ -150,11 +150,11 @@ def product_dims(match: AttentionMatch, x_shape: list[int], y_shape: list[int]) 
     y = [y_shape[p] for p in match.y_perm] if match.y_perm else list(y_shape)
     m, k = (x[-1], x[-2]) if match.adj_x else (x[-2], x[-1])
     n = y[-2] if match.adj_y else y[-1]
-    if k != (y[-1] if match.adj_y else y[-2]) or not _broadcastable(x[:-2], y[:-2]):
+    try:
+        if k != (y[-1] if match.adj_y else y[-2]):
+            raise ValueError("contraction dims differ")
+        batch = np.broadcast_shapes(tuple(x[:-2]), tuple(y[:-2]))
+    except ValueError as error:
         raise ValueError(f"{match.core}: operands of shapes {x_shape} and {y_shape} (at a corner of the shape "
-                         "ranges) cannot be multiplied; the ranges do not fit the model")
-    return {"b": math.prod(np.broadcast_shapes(tuple(x[:-2]), tuple(y[:-2]))), "m": m, "n": n, "k": k}
-
-
-def _broadcastable(a: list[int], b: list[int]) -> bool:
-    return all(p == q or 1 in (p, q) for p, q in zip(a[::-1], b[::-1]))
+                         f"ranges) cannot be multiplied ({error}); the ranges do not fit the model") from error
+    return {"b": math.prod(batch), "m": m, "n": n, "k": k}

@@ -46,9 +46,12 @@ def dense_replacement(match: DenseMatch) -> tf.compat.v1.GraphDef:
     return _scratch_graph(build)
 
 
-def _read_in_place(perm: list[int] | None) -> bool:
-    """Whether the op can read an operand through `perm` (it keeps the last axis last)."""
-    return perm is None or perm[-1] == len(perm) - 1
+def _operand_layout(tensor: tf.Tensor, perm: list[int] | None) -> tuple[tf.Tensor, list[int] | None]:
+    """The operand and the perm the op reads it through: in place where the perm keeps the last
+    axis last, else transposed first (and read as is)."""
+    if perm is None or perm[-1] == len(perm) - 1:
+        return tensor, perm
+    return tf.transpose(tensor, perm), None
 
 
 def attention_replacement(match: AttentionMatch) -> tf.compat.v1.GraphDef:
@@ -59,9 +62,8 @@ def attention_replacement(match: AttentionMatch) -> tf.compat.v1.GraphDef:
         x = tf.compat.v1.placeholder(tf.float32, name="x")
         y = tf.compat.v1.placeholder(tf.float32, name="y")
         bundle = tf.compat.v1.placeholder(tf.string, [], name="bundle")
-        x_perm, y_perm = (p if _read_in_place(p) else None for p in (match.x_perm, match.y_perm))
-        x = x if _read_in_place(match.x_perm) else tf.transpose(x, match.x_perm)
-        y = y if _read_in_place(match.y_perm) else tf.transpose(y, match.y_perm)
+        x, x_perm = _operand_layout(x, match.x_perm)
+        y, y_perm = _operand_layout(y, match.y_perm)
         options = {"adj_x": match.adj_x, "adj_y": match.adj_y, "alpha": match.alpha, "x_perm": x_perm,
                    "y_perm": y_perm, "bundle": bundle, "name": "out"}
         if match.addend is not None:

@@ -6,7 +6,6 @@ calls a tuned kernel cannot serve fall back to the generic kernel."""
 import concurrent.futures
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from conftest import assert_matches_reference, random_tensor
