@@ -79,10 +79,10 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     w = rng.uniform(-1, 1, (2304, 768)).astype(np.float32)
     bias = rng.uniform(-1, 1, 2304).astype(np.float32)
-    packed = dense.pack_weight(w, layout["tile_n"], layout["blocks"])
+    weight, packed_n = dense.weight_operand(w, layout)
     path = str(args.bundle)
     peers = {
-        "dietcode": (lambda x, wp, b: ops.fused_matmul(x, wp, b, packed_n=2304, bundle=path), packed),
+        "dietcode": (lambda x, wp, b: ops.fused_matmul(x, wp, b, packed_n=packed_n, bundle=path), weight),
         "tensorflow": (lambda x, wt, b: reference.fused_matmul(x, wt, b, transpose_b=True), w),
     }
     rows = []

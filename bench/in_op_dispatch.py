@@ -39,10 +39,9 @@ from tf_dietcode.tuning.workload import DIMS, Workload  # noqa: E402
 def op_call(workload: Workload, entry: dict, path: str, operands: dict[str, np.ndarray]):
     """The fused op computing the workload with the bundle, and its inputs."""
     if workload.kind == "dense":
-        layout = entry["weight_layout"]
-        packed = dense.pack_weight(operands["w"], layout["tile_n"], layout["blocks"])
-        inputs = [tf.constant(operands["x"]), tf.constant(packed), tf.constant(operands["bias"])]
-        return (lambda x, w, b: ops.fused_matmul(x, w, b, packed_n=workload.n.hi, bundle=path)), inputs
+        weight, packed_n = dense.weight_operand(operands["w"], entry["weight_layout"])
+        inputs = [tf.constant(operands["x"]), tf.constant(weight), tf.constant(operands["bias"])]
+        return (lambda x, w, b: ops.fused_matmul(x, w, b, packed_n=packed_n, bundle=path)), inputs
     inputs = [tf.constant(operands["x"]), tf.constant(operands["y"])]
     return (lambda x, y: ops.fused_batch_matmul_transpose(x, y, [0, 1, 2, 3], adj_y=workload.transpose_b,
                                                           alpha=operands["alpha"], bundle=path)), inputs

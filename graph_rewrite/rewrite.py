@@ -25,9 +25,9 @@ def _scratch_graph(build) -> tf.compat.v1.GraphDef:
     return graph.as_graph_def()
 
 
-def dense_replacement(match: DenseMatch) -> tf.compat.v1.GraphDef:
-    """act(x @ W + b) over x's trailing dims, with W pre-packed; placeholders x, packed, bias,
-    bundle and out_shape."""
+def dense_replacement(match: DenseMatch, packed_n: int) -> tf.compat.v1.GraphDef:
+    """act(x @ W + b) over x's trailing dims, with W pre-packed (packed_n = N) or as stored
+    ([K, N], packed_n = 0); placeholders x, packed (W's variable), bias, bundle and out_shape."""
     def build():
         x = tf.compat.v1.placeholder(tf.float32, name="x")
         packed = tf.raw_ops.ReadVariableOp(resource=tf.compat.v1.placeholder(tf.resource, name="packed"),
@@ -36,7 +36,7 @@ def dense_replacement(match: DenseMatch) -> tf.compat.v1.GraphDef:
         bundle = tf.compat.v1.placeholder(tf.string, [], name="bundle")
         flat = match.form != "einsum"  # x is [M, K] already
         product = ops.fused_matmul(x if flat else tf.reshape(x, [-1, match.k]), packed, bias,
-                                   activation=match.activation, packed_n=match.n, bundle=bundle,
+                                   activation=match.activation, packed_n=packed_n, bundle=bundle,
                                    name="out" if match.out_shape is None and flat else None)
         if match.out_shape is not None:
             tf.reshape(product, tf.compat.v1.placeholder(tf.int32, name="out_shape"), name="out")

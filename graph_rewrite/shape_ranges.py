@@ -67,13 +67,17 @@ def from_examples(specs: dict[str, tf.TensorSpec], examples) -> DimRanges:
     return seen
 
 
+def corner_inputs(specs: dict[str, tf.TensorSpec], ranges: DimRanges) -> list[list[tf.Tensor]]:
+    """Zero inputs (in specs' order) at the lowest and at the highest corner of the ranges."""
+    return [[tf.zeros([r[end] for r in ranges[name]], spec.dtype) for name, spec in specs.items()]
+            for end in (0, 1)]
+
+
 def corner_shapes(function, specs: dict[str, tf.TensorSpec], ranges: DimRanges) -> dict[str, tuple[list, list]]:
     """Shapes of the tensors `function` returns (a dict) on zero inputs at the lowest and the
     highest corner of the ranges: {name: (shape at the lowest, shape at the highest)}."""
-    corners = []
-    for end in (0, 1):
-        inputs = [tf.zeros([r[end] for r in ranges[name]], spec.dtype) for name, spec in specs.items()]
-        corners.append({name: t.shape.as_list() for name, t in function(*inputs).items()})
+    corners = [{name: t.shape.as_list() for name, t in function(*inputs).items()}
+               for inputs in corner_inputs(specs, ranges)]
     return {name: (corners[0][name], corners[1][name]) for name in corners[0]}
 
 

@@ -27,7 +27,9 @@ namespace {
 namespace json = tvm::ffi::json;
 using tvm::ffi::String;
 
-constexpr int64_t kFormat = 2;  // 2: batch-matmul kernels take strided 4-D views and alpha
+// 2: batch-matmul kernels take strided 4-D views and alpha; 3: dense weight
+// layouts say whether the weight is packed.
+constexpr int64_t kFormat = 3;
 constexpr char kManifest[] = "manifest.json";
 
 // Manifest problems are exceptions inside Load() and become problem_.
@@ -109,8 +111,11 @@ std::unique_ptr<TunedWorkload> ParseWorkload(const json::Object& entry,
   workload->activation = ActivationNamed(Field<String>(key, "activation"));
   if (workload->kind == TunedKind::kDense) {
     const auto layout = Field<json::Object>(entry, "weight_layout");
-    workload->packed_blocks = Field<int64_t>(layout, "blocks");
-    workload->packed_tile_n = Field<int64_t>(layout, "tile_n");
+    workload->packed = Field<bool>(layout, "packed");
+    if (workload->packed) {
+      workload->packed_blocks = Field<int64_t>(layout, "blocks");
+      workload->packed_tile_n = Field<int64_t>(layout, "tile_n");
+    }
   }
 
   const std::string dispatch = Field<String>(entry, "dispatch");
@@ -134,16 +139,24 @@ std::unique_ptr<TunedWorkload> ParseWorkload(const json::Object& entry,
 
 }  // namespace
 
+bool TunedCall::IsCompactMatrixProduct() const {
+  const bool bias_is_vector =
+      !bias || (addend_strides[2] == 0 && addend_strides[3] == 1);
+  return dims[kB] == 1 && !transpose_b && alpha == 1.0f &&
+         x_strides[2] == dims[kK] && y_strides[2] == dims[kN] &&
+         out_strides[2] == dims[kN] && bias_is_vector;
+}
+
 bool TunedWorkload::Computes(const TunedCall& call) const {
-  if (call.kind != kind || call.bias != bias ||
-      call.activation != activation) {
-    return false;
+  if (call.bias != bias || call.activation != activation) return false;
+  if (kind == TunedKind::kBatchMatMul) {
+    return !call.packed && call.transpose_b == transpose_b;
   }
-  if (kind == TunedKind::kDense) {
-    return call.packed_blocks == packed_blocks &&
+  if (packed) {
+    return call.packed && call.packed_blocks == packed_blocks &&
            call.packed_tile_n == packed_tile_n;
   }
-  return call.transpose_b == transpose_b;
+  return !call.packed && call.IsCompactMatrixProduct();
 }
 
 std::shared_ptr<const KernelBundle> KernelBundle::Get(const std::string& path) {

@@ -25,20 +25,27 @@ namespace tf_dietcode {
 enum class TunedKind { kDense, kBatchMatMul };
 enum Dim { kB = 0, kM, kN, kK, kNumDims };
 
-// A call as tuned workloads see it, derived from the op's plan.
+// A call as tuned workloads see it, derived from the op's plan: a product
+// with a pre-packed b (DietcodeFusedMatMul with packed_n), or one of strided
+// matrices (every other call).
 struct TunedCall {
-  TunedKind kind = TunedKind::kDense;
   int64_t dims[kNumDims] = {0, 0, 0, 0};  // b: all batch matrices
   bool transpose_b = false;
-  bool bias = false;  // dense: a bias; batch matmul: a broadcast addend
+  bool bias = false;  // a bias, or a broadcast addend
   Activation activation = Activation::kNone;
-  int64_t packed_blocks = 0, packed_tile_n = 0;  // dense: b's packed layout
+  bool packed = false;
+  int64_t packed_blocks = 0, packed_tile_n = 0;  // packed: b's layout
 
-  // Batch matmul: the batch as [batches, heads] and the element strides of
-  // x, y, the output and the addend over (batch, head, row, column).
+  // Strided: the batch as [batches, heads] and the element strides of x, y,
+  // the output and the addend over (batch, head, row, column).
   int64_t batches = 1, heads = 1;
-  int64_t x_strides[4], y_strides[4], out_strides[4], addend_strides[4];
+  int64_t x_strides[4] = {}, y_strides[4] = {}, out_strides[4] = {},
+          addend_strides[4] = {};
   float alpha = 1.0f;
+
+  // One unscaled product of compact x[M, K] and b[K, N] into a compact
+  // out[M, N], plus a bias vector if any: what an in-place dense kernel reads.
+  bool IsCompactMatrixProduct() const;
 };
 
 // One tuned workload of a bundle: what it computes, its micro-kernels, and
@@ -50,6 +57,7 @@ struct TunedWorkload {
   bool transpose_b = false;
   bool bias = false;
   Activation activation = Activation::kNone;
+  bool packed = false;  // dense: weight pre-packed (else read in place, [K, N])
   int64_t packed_blocks = 0, packed_tile_n = 0;
   DispatchFn dispatch = nullptr;  // -1 outside the tuned ranges
   std::vector<tvm::ffi::Function> kernels;

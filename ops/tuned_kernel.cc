@@ -34,9 +34,9 @@ bool FactorOffsets(const std::vector<int64_t>& offsets, int64_t heads,
 }
 
 // The call as tuned workloads see it, or nothing when no workload kind
-// computes it as planned: dense needs a packed weight; a batch matmul needs
-// rows of x, and output rows, contiguous and a batch of at most two strided
-// dims (broadcast batch dims have stride 0).
+// computes it as planned: a packed b is read as packed; otherwise rows of x,
+// and output rows, must be contiguous and the batch at most two strided dims
+// (broadcast batch dims have stride 0).
 std::optional<TunedCall> Describe(const ContractionPlan& p, const Tensor& b) {
   if (p.transpose_a) return std::nullopt;
   TunedCall call;
@@ -45,19 +45,16 @@ std::optional<TunedCall> Describe(const ContractionPlan& p, const Tensor& b) {
   call.dims[kN] = p.n;
   call.dims[kK] = p.k;
   call.bias = p.has_addend;
+  call.activation = p.activation;
   if (p.b_block_cols > 0) {
-    call.kind = TunedKind::kDense;
-    call.activation = p.activation;
+    call.packed = true;
     call.packed_blocks = b.dim_size(0);
     call.packed_tile_n = b.dim_size(2);
     return call;
   }
-  call.kind = TunedKind::kBatchMatMul;
   call.transpose_b = p.transpose_b;
   call.alpha = p.alpha;
-  if (p.activation != Activation::kNone || p.out_col_stride != 1) {
-    return std::nullopt;
-  }
+  if (p.out_col_stride != 1) return std::nullopt;
   call.heads = p.batch_dims.empty() ? 1 : p.batch_dims.back();
   call.batches = p.batch() / call.heads;
   if (!FactorOffsets(p.a_offsets, call.heads, call.x_strides) ||
@@ -114,10 +111,12 @@ tensorflow::Status CallKernel(tensorflow::OpKernelContext* ctx,
   auto pass = [&](FloatTensorView& view) {
     args[num_args++] = tvm::ffi::AnyView(view.get());
   };
-  if (call.kind == TunedKind::kDense) {  // x, packed w, [bias], out
+  if (choice.workload->kind == TunedKind::kDense) {  // x, w, [bias], out
     pass(views[0].emplace(a_data, std::initializer_list<int64_t>{m, k}));
-    pass(views[1].emplace(b_data, std::initializer_list<int64_t>{
-                                      b.dim_size(0), k, b.dim_size(2)}));
+    pass(views[1].emplace(
+        b_data, call.packed ? std::initializer_list<int64_t>{b.dim_size(0), k,
+                                                             b.dim_size(2)}
+                            : std::initializer_list<int64_t>{k, n}));
     if (addend_data != nullptr) {
       pass(views[2].emplace(addend_data, std::initializer_list<int64_t>{n}));
     }

@@ -54,16 +54,18 @@ def _linear(attrs):
 
 @pytest.fixture(scope="session")
 def tuned_bundle(tmp_path_factory):
-    """A quick-tuned bundle: dense (bias, relu), batch matmul NT, NN and NT with an addend.
-    Returns the bundle's path and the tuning report (its trees decide the kernels)."""
+    """A quick-tuned bundle: dense (bias, relu, packed weight), batch matmul NT, NN and NT
+    with an addend, dense (gelu, weight in place). Returns the bundle's path and the
+    tuning report (its trees decide the kernels)."""
     from tf_dietcode.tuning import search
     from tf_dietcode.tuning.tune import tune
     from tf_dietcode.tuning.workload import Workload
 
-    workloads = [Workload("dense", (1, 40), 40, 24, bias=True, activation="relu"),
+    workloads = [Workload("dense", (1, 40), 40, 24, bias=True, activation="relu", weight_layout="packed"),
                  Workload("batch_matmul", (1, 20), (1, 20), 8, b=3, ties=("m", "n")),
                  Workload("batch_matmul", (1, 16), 12, (1, 16), b=(2, 8), transpose_b=False, ties=("m", "k")),
-                 Workload("batch_matmul", (1, 20), (1, 20), 8, b=6, bias=True, ties=("m", "n"))]
+                 Workload("batch_matmul", (1, 20), (1, 20), 8, b=6, bias=True, ties=("m", "n")),
+                 Workload("dense", (1, 40), 48, 24, activation="gelu", weight_layout="in_place")]
     path = tmp_path_factory.mktemp("tuned") / "bundle"
     report = tune(workloads, path, options=search.SearchOptions(trials=4, batch=4, samples=3, seed=SEED % 1000),
                   progress=False)

@@ -67,9 +67,8 @@ def test_bad_bundle_computes_generically_and_says_why(case, tuned_bundle, tmp_pa
     path = tmp_path / "bundle"
     shutil.copytree(source, path)
     corrupt(path)
-    layout = report.manifest["workloads"][0]["weight_layout"]
     w, bias = random_tensor(rng, (40, 24)), random_tensor(rng, (40,))
-    wp = dense.pack_weight(w, layout["tile_n"], layout["blocks"])
+    wp, _ = dense.weight_operand(w, report.manifest["workloads"][0]["weight_layout"])
     for m in (3, 17):
         x = random_tensor(rng, (m, 24))
         out = ops.fused_matmul(x, wp, bias, activation="relu", packed_n=40, bundle=str(path)).numpy()

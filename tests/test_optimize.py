@@ -102,7 +102,7 @@ def test_the_optimized_model_runs_tuned_kernels(optimized):
     assert sum(map(sum, (w["calls"] for w in after["workloads"]))) - \
         sum(map(sum, (w["calls"] for w in before["workloads"]))) == 9  # every dense layer, both attention products
     packed = {v.name for v in tf.train.TrackableView(model).descendants()
-              if isinstance(v, tf.Variable) and v.name.startswith("dietcode_packed")}
+              if isinstance(v, tf.Variable) and v.name.startswith("dietcode_weight")}
     assert len(packed) == 7  # one per layer, shared by both signatures
 
 

@@ -6,6 +6,7 @@ calls a tuned kernel cannot serve fall back to the generic kernel."""
 import concurrent.futures
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from conftest import assert_matches_reference, random_tensor
@@ -13,9 +14,9 @@ from tf_dietcode import ops, reference
 from tf_dietcode.tuning.templates import dense
 
 
-def packed_weight(report, w):
-    layout = report.manifest["workloads"][0]["weight_layout"]
-    return dense.pack_weight(w, layout["tile_n"], layout["blocks"])
+def weight_operand(report, w, workload_index=0):
+    """w[N, K] in the dense workload's weight layout, and the op's packed_n."""
+    return dense.weight_operand(w, report.manifest["workloads"][workload_index]["weight_layout"])
 
 
 def calls(path):
@@ -43,16 +44,19 @@ def expected_kernel(report, workload_index, dims):
     return "generic" if index < 0 else (workload_index, index)
 
 
-def test_dense_every_m_in_and_outside_the_range(tuned_bundle, rng):
+@pytest.mark.parametrize("index,n,bias,activation", [(0, 40, True, "relu"), (4, 48, False, "gelu")],
+                         ids=["packed", "in_place"])
+def test_dense_every_m_in_and_outside_the_range(tuned_bundle, rng, index, n, bias, activation):
     path, report = tuned_bundle
-    w, bias = random_tensor(rng, (40, 24)), random_tensor(rng, (40,))
-    wp = packed_weight(report, w)
+    w, b = random_tensor(rng, (n, 24)), random_tensor(rng, (n,)) if bias else None
+    weight, packed_n = weight_operand(report, w, index)
+    assert packed_n == (n if index == 0 else 0)
     for m in range(1, 46):
         x = random_tensor(rng, (m, 24))
-        out, used = kernel_used(path, lambda: ops.fused_matmul(x, wp, bias, activation="relu", packed_n=40,
-                                                               bundle=str(path)).numpy())
-        assert used == expected_kernel(report, 0, {"m": m, "n": 40, "k": 24}), m
-        assert_matches_reference(out, reference.fused_matmul, [x, w.T, bias], activation="relu")
+        out, used = kernel_used(path, lambda: ops.fused_matmul(x, weight, b, activation=activation,
+                                                               packed_n=packed_n, bundle=str(path)).numpy())
+        assert used == expected_kernel(report, index, {"m": m, "n": n, "k": 24}), m
+        assert_matches_reference(out, reference.fused_matmul, [x, w.T, b], activation=activation)
 
 
 def test_batch_matmul_nt_and_nn_every_shape_in_and_outside_the_range(tuned_bundle, rng):
@@ -74,7 +78,7 @@ def test_batch_matmul_nt_and_nn_every_shape_in_and_outside_the_range(tuned_bundl
 def test_tuned_kernels_inside_a_graph_with_unknown_dims(tuned_bundle, rng):
     path, report = tuned_bundle
     w, bias = random_tensor(rng, (40, 24)), random_tensor(rng, (40,))
-    wp = tf.constant(packed_weight(report, w))
+    wp = tf.constant(weight_operand(report, w)[0])
 
     @tf.function(input_signature=[tf.TensorSpec([None, 24], tf.float32), tf.TensorSpec([], tf.string)])
     def layer(x, bundle):
@@ -130,6 +134,7 @@ def test_scaled_permuted_and_broadcast_products_run_tuned(tuned_bundle, rng):
 def test_calls_no_tuned_kernel_computes_take_the_generic_kernel(tuned_bundle, rng):
     path, report = tuned_bundle
     w, bias = random_tensor(rng, (40, 24)), random_tensor(rng, (40,))
+    w48 = random_tensor(rng, (48, 24))
     x = random_tensor(rng, (5, 24))
     q, k = random_tensor(rng, (3, 6, 8)), random_tensor(rng, (3, 6, 8))
     s, v = random_tensor(rng, (2, 6, 6)), random_tensor(rng, (2, 6, 12))
@@ -137,10 +142,15 @@ def test_calls_no_tuned_kernel_computes_take_the_generic_kernel(tuned_bundle, rn
     mask = random_tensor(rng, (2, 1, 12))
     p3, v3 = random_tensor(rng, (2, 2, 2, 5, 5)), random_tensor(rng, (2, 1, 2, 5, 12))  # 8 batches, NN's range
     cases = [  # (the call, its reference)
-        (lambda: ops.fused_matmul(x, packed_weight(report, w), bias, activation="tanh", packed_n=40, bundle=str(path)),
+        (lambda: ops.fused_matmul(x, weight_operand(report, w)[0], bias, activation="tanh", packed_n=40,
+                                  bundle=str(path)),
          lambda: reference.fused_matmul(x, w.T, bias, activation="tanh")),            # another activation
         (lambda: ops.fused_matmul(x, w, bias, transpose_b=True, activation="relu", bundle=str(path)),
          lambda: reference.fused_matmul(x, w.T, bias, activation="relu")),            # weight not packed
+        (lambda: ops.fused_matmul(x, w48.T, None, activation="relu", bundle=str(path)),
+         lambda: reference.fused_matmul(x, w48.T, activation="relu")),                # in place, another activation
+        (lambda: ops.fused_matmul(x, w48, None, transpose_b=True, activation="gelu", bundle=str(path)),
+         lambda: reference.fused_matmul(x, w48.T, activation="gelu")),                # in place, not [K, N]
         (lambda: ops.fused_batch_matmul_add(s, v, mask, bundle=str(path)),
          lambda: reference.fused_batch_matmul_add(s, v, mask)),                       # no NN workload adds
         (lambda: ops.fused_batch_matmul_transpose(q, k, [0, 2, 1], adj_y=True, bundle=str(path)),
@@ -167,7 +177,7 @@ def test_same_shape_always_takes_the_same_kernel(tuned_bundle, rng):
 def test_many_threads_on_different_shapes_all_correct(tuned_bundle, rng):
     path, report = tuned_bundle
     w, bias = random_tensor(rng, (40, 24)), random_tensor(rng, (40,))
-    wp = packed_weight(report, w)
+    wp = weight_operand(report, w)[0]
     jobs = [(random_tensor(rng, (int(rng.integers(1, 45)), 24)),
              random_tensor(rng, (3, t, 8)), random_tensor(rng, (3, t, 8)))
             for t in rng.integers(1, 24, size=32)]

@@ -17,6 +17,8 @@ WORKLOADS = [
     Workload("dense", (1, 16), 8, 8, bias=True, activation="relu"),
     Workload("dense", (1, 16), 33, 8, bias=True, activation="tanh"),
     Workload("dense", (1, 16), 9, 16, activation="sigmoid"),
+    Workload("dense", (1, 64), 48, 40, bias=True, activation="gelu", weight_layout="in_place"),
+    Workload("dense", (1, 32), 24, 17, weight_layout="in_place"),            # in place, prime K
     Workload("batch_matmul", (1, 40), (1, 40), 16, b=6, ties=("m", "n")),           # scores: q k^T
     Workload("batch_matmul", (1, 40), 16, (1, 40), b=6, transpose_b=False, ties=("m", "k")),  # probs v
     Workload("batch_matmul", (0, 9), (1, 23), (2, 13), b=(1, 3), transpose_b=False),  # all dynamic
@@ -60,7 +62,7 @@ def test_symbolic_kernel_is_right_at_every_shape(rng, workload):
 
 
 def test_static_compile_matches_symbolic(rng):
-    workload, hw = WORKLOADS[6], hardware.detect()
+    workload, hw = WORKLOADS[8], hardware.detect()
     kernel = sample_kernels(workload, 1, rng)[0]
     dims = workload.dims_at((29,))
     operands = templates.for_workload(workload).random_operands(workload, dims, rng)
@@ -72,9 +74,20 @@ def test_static_compile_matches_symbolic(rng):
     np.testing.assert_allclose(*outputs, rtol=1e-6, atol=1e-6)
 
 
+def test_weight_layouts_of_the_space():
+    """A dense space holds both weight layouts unless the workload fixes one; a weight
+    read in place is never padded, so its tasks split N exactly."""
+    hw = hardware.detect()
+    for layout, expected in (("any", {True, False}), ("packed", {True}), ("in_place", {False})):
+        space = micro_kernel.space(hw, Workload("dense", (1, 64), 48, 40, weight_layout=layout))
+        assert {k.packed for k in space} == expected
+        assert all(48 % (k.tile_n * k.task_n) == 0 for k in space if not k.packed)
+    assert not any(k.packed for k in micro_kernel.space(hw, WORKLOADS[8]))
+
+
 def test_pack_weight_layout(rng):
     workload = WORKLOADS[0]
-    kernel = micro_kernel.MicroKernel(4, 16, 48, 2, True)
+    kernel = micro_kernel.MicroKernel(4, 16, 48, 2, True, packed=True)
     w = rng.uniform(-1, 1, (40, 48)).astype(np.float32)
     assert dense.weight_blocks(workload, kernel) == 4  # 40 columns -> 2 tasks of 2 blocks of 16
     packed = dense.pack_weight(w, kernel.tile_n, 4)

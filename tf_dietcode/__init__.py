@@ -3,19 +3,19 @@
 Fused matmul ops run DietCode-tuned micro-kernels for any sequence length in a
 tuned range, and a generic kernel for every other shape.
 
-TensorFlow is imported on first use of `ops` or `load_op_library`, so the
-tuner (`tf_dietcode.tuning`) and its measurement workers start without it.
+TensorFlow is imported on first use of `ops`, `keras` or `load_op_library`, so
+the tuner (`tf_dietcode.tuning`) and its measurement workers start without it.
 """
 
 import importlib
 
 __version__ = "0.1.0"
-__all__ = ["Converter", "load_op_library", "ops", "optimize"]
+__all__ = ["Converter", "keras", "load_op_library", "ops", "optimize"]
 
 
 def __getattr__(name):
-    if name == "ops":
-        return importlib.import_module("tf_dietcode.ops")
+    if name in ("ops", "keras"):
+        return importlib.import_module(f"tf_dietcode.{name}")
     if name in ("optimize", "Converter"):
         return getattr(importlib.import_module("tf_dietcode.optimizer"), name)
     if name == "load_op_library":

@@ -10,6 +10,7 @@ bundle travels in the output's assets/, and the output appears atomically.
 import collections
 import dataclasses
 import hashlib
+import json
 import pathlib
 import tempfile
 
@@ -187,8 +188,8 @@ class Converter:
     def _module(self) -> tf.Module:
         """A module tracking the variables, packed weights and bundle the rewritten signatures capture."""
         module = tf.Module()
-        module.variables_kept, module.packed_weights, self._signatures = [], [], {}
-        self._packed_by_content: dict[tuple, tf.Variable] = {}  # signatures share layers: pack each weight once
+        module.variables_kept, module.dense_weights, self._signatures = [], [], {}
+        self._weights_by_content: dict[tuple, tf.Variable] = {}  # signatures share layers: one variable per weight
         self.report.fused = collections.Counter()  # counted afresh by every save()
         if self._bundle_dir is not None:  # set only when there were workloads to tune
             module.bundle_manifest = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.MANIFEST))
@@ -224,8 +225,9 @@ class Converter:
         for i, match in enumerate(dense_matches):
             placeholder = f"dietcode/packed_{i}"
             rewrite.add_placeholder(graph_def, placeholder, tf.resource)
-            captures[placeholder] = self._packed_weight(match, self._workloads[(graph.key, match.core)], module).handle
-            splice(match, rewrite.dense_replacement(match),
+            weight, packed_n = self._weight_operand(match, self._workloads[(graph.key, match.core)], module)
+            captures[placeholder] = weight.handle
+            splice(match, rewrite.dense_replacement(match, packed_n),
                    {"x": match.x, "packed": f"{placeholder}:0", "bias": match.bias, "bundle": bundle,
                     "out_shape": match.out_shape}, f"dietcode/dense_{i}")
         for i, match in enumerate(attention_matches):
@@ -234,16 +236,18 @@ class Converter:
         return signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, outputs,
                                               captures, graph_def)
 
-    def _packed_weight(self, match: dense_patterns.DenseMatch, workload: Workload, module: tf.Module) -> tf.Variable:
-        """The layer's weight in its kernels' packed layout, as a variable (one per distinct weight)."""
+    def _weight_operand(self, match: dense_patterns.DenseMatch, workload: Workload,
+                        module: tf.Module) -> tuple[tf.Variable, int]:
+        """The layer's weight in its kernels' layout, as a variable (one per distinct weight and
+        layout), and the op's packed_n (0: read in place as [K, N])."""
         layout = self._layouts[workload]
-        key = (hashlib.sha1(match.weight.tobytes()).hexdigest(), match.weight.shape, layout["tile_n"])
-        if key not in self._packed_by_content:
-            self._packed_by_content[key] = tf.Variable(
-                dense.pack_weight(match.weight.T, layout["tile_n"], layout["blocks"]),
-                trainable=False, name=f"dietcode_packed_{len(self._packed_by_content)}")
-            module.packed_weights.append(self._packed_by_content[key])
-        return self._packed_by_content[key]
+        value, packed_n = dense.weight_operand(match.weight.T, layout)
+        key = (hashlib.sha1(match.weight.tobytes()).hexdigest(), match.weight.shape, json.dumps(layout))
+        if key not in self._weights_by_content:
+            self._weights_by_content[key] = tf.Variable(
+                value, trainable=False, name=f"dietcode_weight_{len(self._weights_by_content)}")
+            module.dense_weights.append(self._weights_by_content[key])
+        return self._weights_by_content[key], packed_n
 
 
 def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: str | pathlib.Path, *,

@@ -24,7 +24,7 @@ from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.templates import dense
 from tf_dietcode.tuning.workload import DIMS
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 LIBRARY = "kernels.so"
 MANIFEST = "manifest.json"
 
@@ -86,8 +86,7 @@ def _workload_entry(index: int, dispatch: Dispatch) -> dict:
                     for k, kernel in enumerate(dispatch.kernels)],
     }
     if dispatch.workload.kind == "dense":
-        entry["weight_layout"] = {"tile_n": dispatch.layout[0], "task_n": dispatch.layout[1],
-                                  "blocks": dense.weight_blocks(dispatch.workload, dispatch.kernels[0])}
+        entry["weight_layout"] = dense.weight_layout(dispatch.workload, dispatch.kernels[0])
     return entry
 
 

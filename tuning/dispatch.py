@@ -5,8 +5,9 @@ Votes use the cost formula over measured data: each measured kernel's f_MK
 (its measured throughput with shape effects divided out) times f_occ * f_pad
 at that shape. The tree's features are the sizes of the workload's dynamic
 dims, so a caller dispatches on the dims it sees. All kernels of a dense
-workload share one pre-packed weight layout (tile_n, task_n), so the weight is
-packed once; the layout with the least predicted total time over the range wins.
+workload share one weight layout (pre-packed with one (tile_n, task_n), or in
+place), so the op gets one weight; the layout with the least predicted total
+time over the range wins.
 """
 
 import dataclasses
@@ -28,10 +29,6 @@ class Dispatch:
     kernels: list[MicroKernel]       # the kernels the tree can choose, by index
     tree: DecisionTreeClassifier     # dynamic dims' sizes -> index into kernels
     predicted_gflops: dict[tuple[int, ...], float]   # by shape (variable values)
-
-    @property
-    def layout(self) -> tuple[int, int]:
-        return self.kernels[0].tile_n, self.kernels[0].task_n
 
     def kernel_index(self, dims: dict[str, int]) -> int:
         """The kernel for these dims; -1 outside the tuned ranges (generic kernel)."""
@@ -69,9 +66,9 @@ def build_dispatch(result: SearchResult) -> Dispatch:
     if not throughputs:
         raise RuntimeError(f"no micro-kernel of {workload.key()} ran successfully")
     shapes = [s for s in workload.all_shapes() if workload.flops(workload.dims_at(s)) > 0]
-    layouts: dict[tuple[int, int], list[MicroKernel]] = {}
+    layouts: dict[tuple, list[MicroKernel]] = {}
     for kernel in throughputs:
-        key = (kernel.tile_n, kernel.task_n) if workload.kind == "dense" else ()
+        key = (kernel.tile_n, kernel.task_n) if kernel.packed else ()  # in place: one layout for all
         layouts.setdefault(key, []).append(kernel)
 
     def votes(kernels):

@@ -20,11 +20,13 @@ class MicroKernel:
     tile_k: int    # K cache block (divides a static K; a dynamic K is padded to it)
     task_n: int    # tile_n blocks per parallel task (cache blocking of N)
     k_outer: bool  # K blocks outside (True) or inside (False) the task's N blocks
+    packed: bool = False  # dense: weight pre-packed in tile_n blocks (True) or read in place as w[K, N]
 
     @property
     def name(self) -> str:
         order = "ko" if self.k_outer else "ki"
-        return f"m{self.tile_m}_n{self.tile_n}_k{self.tile_k}_t{self.task_n}_{order}"
+        layout = "_p" if self.packed else ""
+        return f"m{self.tile_m}_n{self.tile_n}_k{self.tile_k}_t{self.task_n}_{order}{layout}"
 
 
 def _register_tiles(hw: Hardware):
@@ -47,13 +49,23 @@ def _k_blocks(hw: Hardware, workload: Workload, tile_n: int):
     return sorted(d for d in candidates if d * tile_n * 4 <= hw.l2_bytes // 2)
 
 
+def _weight_layouts(workload: Workload, tile_n: int, task_n: int) -> list[bool]:
+    """`packed` values for these column tiles: the workload's weight layout, or both
+    for "any"; a weight read in place has no padding, so its tasks must split N exactly."""
+    if workload.kind != "dense":
+        return [False]
+    allowed = {"any": (True, False), "packed": (True,), "in_place": (False,)}[workload.weight_layout]
+    return [packed for packed in allowed if packed or workload.n.hi % (tile_n * task_n) == 0]
+
+
 def space(hw: Hardware, workload: Workload) -> list[MicroKernel]:
     """Every micro-kernel the hardware admits for this workload (sizes from hardware limits)."""
     micro_kernels = []
     for (tile_m, tile_n), task_n, k_outer in itertools.product(_register_tiles(hw), (1, 2, 4, 8), (True, False)):
         if tile_n * task_n > max(workload.n.hi, tile_n):
             continue  # a task wider than N only computes padding
-        for tile_k in _k_blocks(hw, workload, tile_n):
+        for tile_k, packed in itertools.product(_k_blocks(hw, workload, tile_n),
+                                                _weight_layouts(workload, tile_n, task_n)):
             if tile_k * tile_n * task_n * 4 <= hw.l2_bytes:
-                micro_kernels.append(MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer))
+                micro_kernels.append(MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer, packed))
     return micro_kernels

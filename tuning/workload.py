@@ -1,6 +1,9 @@
 """Tuning workloads: one fused product with its shape ranges, the key of all tuning.
 
     dense:         out[M, N] = act(x[M, K] @ w[N, K]^T + bias[N]); w static, M dynamic
+                   (a constant w may be read pre-packed; a variable, e.g. a trainable
+                   Keras kernel, is read in place as stored: [K, N]; `weight_layout`
+                   says which, "any" letting the tuner pick the faster)
     batch_matmul:  out[B, M, N] = alpha * x[B, M, K] @ y[B, K, N] (+ addend)   (NN), or y[B, N, K]^T (NT)
 
 A batch matmul's `bias` is its broadcast addend (a mask or bias); its
@@ -20,6 +23,7 @@ import json
 KINDS = ("dense", "batch_matmul")
 DIMS = ("b", "m", "n", "k")
 ACTIVATIONS = ("none", "relu", "tanh", "sigmoid", "gelu", "gelu_tanh")
+WEIGHT_LAYOUTS = ("any", "packed", "in_place")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +64,7 @@ class Workload:
     activation: str = "none"
     ties: tuple[str, ...] = ()
     dtype: str = "float32"
+    weight_layout: str = "any"  # dense: "packed", "in_place" (w a variable) or "any" (the tuner picks)
 
     def __post_init__(self):
         for name in DIMS:
@@ -69,6 +74,8 @@ class Workload:
             raise ValueError(f"workload kind must be one of {KINDS}, got {self.kind!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.weight_layout not in WEIGHT_LAYOUTS:
+            raise ValueError(f"weight_layout must be one of {WEIGHT_LAYOUTS}, got {self.weight_layout!r}")
         if self.dtype != "float32":
             raise ValueError(f"only float32 is tuned, got {self.dtype}")
         if self.kind == "dense" and not (self.n.static and self.k.static and self.b == DimRange(1, 1)

@@ -11,8 +11,9 @@ import importlib
 
 # Bumped whenever generated code changes, so the tuning database stops reusing
 # measurements of older kernels (2: exact GELU's erf became a rational form;
-# 3: batch matmul reads strided [batch, heads, rows, cols] views, scales and adds).
-TEMPLATES_VERSION = 3
+# 3: batch matmul reads strided [batch, heads, rows, cols] views, scales and adds;
+# 4: dense kernels may read their weight in place).
+TEMPLATES_VERSION = 4
 
 from tvm import s_tir, tirx
 

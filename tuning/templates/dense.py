@@ -1,8 +1,10 @@
 """Dense micro-kernels: out[M, N] = act(x[M, K] @ w[N, K]^T + bias), M symbolic.
 
-The static weight is pre-packed into blocks `wp[NB, K, tile_n]` (zero padded to
-whole parallel tasks), so the register tile reads tile_n contiguous floats per
-k. Local padding: each parallel task fetches its tile_m rows of x into a local
+A constant weight may be pre-packed into blocks `wp[NB, K, tile_n]` (zero
+padded to whole parallel tasks), so a task's panel is contiguous; or it is read
+in place as stored, w[K, N] (a trainable variable, which nothing may repack),
+its tasks then splitting N exactly. Either way the register tile reads tile_n
+contiguous floats per k. Local padding: each parallel task fetches its tile_m rows of x into a local
 zero-padded tile (the only bound check on input), accumulates a local
 tile_m x (task_n * tile_n) tile with no checks, and writes back the valid part
 with bias and activation fused (the only bound check on output).
@@ -19,12 +21,21 @@ from tf_dietcode.tuning.templates import accumulate_locally, activation, dim, fe
 from tf_dietcode.tuning.workload import Workload
 
 COMPUTE_BLOCK = "acc"
+WEIGHT_VIEW = "w_blocks"  # the weight as [K, blocks, tile_n], inlined into the compute block
 
 
 def weight_blocks(workload: Workload, kernel: MicroKernel) -> int:
-    """Packed tile_n-column blocks, rounded up to whole parallel tasks."""
+    """tile_n-column blocks, rounded up to whole parallel tasks (packed: padded with zeros)."""
     tasks = -(-workload.n.hi // (kernel.tile_n * kernel.task_n))
     return tasks * kernel.task_n
+
+
+def weight_layout(workload: Workload, kernel: MicroKernel) -> dict:
+    """The weight operand's layout, as bundles record it for the op and optimize()."""
+    if not kernel.packed:
+        return {"packed": False}
+    return {"packed": True, "tile_n": kernel.tile_n, "task_n": kernel.task_n,
+            "blocks": weight_blocks(workload, kernel)}
 
 
 def pack_weight(weight: np.ndarray, tile_n: int, blocks: int) -> np.ndarray:
@@ -36,16 +47,29 @@ def pack_weight(weight: np.ndarray, tile_n: int, blocks: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(blocks, tile_n, k).transpose(0, 2, 1))
 
 
+def weight_operand(weight: np.ndarray, layout: dict) -> tuple[np.ndarray, int]:
+    """w[N, K] as the op's b in a bundle's weight layout, and the op's packed_n
+    (N when packed; 0 when read in place as [K, N])."""
+    if not layout["packed"]:
+        return np.ascontiguousarray(weight.T), 0
+    return pack_weight(weight, layout["tile_n"], layout["blocks"]), weight.shape[0]
+
+
 def prim_func(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | None = None) -> tirx.PrimFunc:
-    """The computation with M symbolic (dims=None) or fixed; params x, wp, [bias], out."""
-    n, k, tile_n = workload.n.hi, workload.k.hi, kernel.tile_n
+    """The computation with M symbolic (dims=None) or fixed; params x, wp (or w), [bias], out."""
+    n, k, tile_n, blocks = workload.n.hi, workload.k.hi, kernel.tile_n, weight_blocks(workload, kernel)
     rows = dim(workload, "m", dims)
     x = te.placeholder((rows, k), "float32", name="x")
-    wp = te.placeholder((weight_blocks(workload, kernel), k, tile_n), "float32", name="wp")
+    if kernel.packed:
+        w = te.placeholder((blocks, k, tile_n), "float32", name="wp")
+        weight = te.compute((k, blocks, tile_n), lambda r, jo, ji: w[jo, r, ji], name=WEIGHT_VIEW)
+    else:
+        w = te.placeholder((k, n), "float32", name="w")
+        weight = te.compute((k, blocks, tile_n), lambda r, jo, ji: w[r, jo * tile_n + ji], name=WEIGHT_VIEW)
     r = te.reduce_axis((0, k), "k")
-    acc = te.compute((rows, wp.shape[0], tile_n),
-                     lambda i, jo, ji: te.sum(x[i, r] * wp[jo, r, ji], axis=r), name=COMPUTE_BLOCK)
-    params = [x, wp]
+    acc = te.compute((rows, blocks, tile_n),
+                     lambda i, jo, ji: te.sum(x[i, r] * weight[r, jo, ji], axis=r), name=COMPUTE_BLOCK)
+    params = [x, w]
     if workload.bias:
         bias = te.placeholder((n,), "float32", name="bias")
         params.append(bias)
@@ -66,6 +90,7 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     copy_out = optional_block(sch, f"{COMPUTE_BLOCK}_pad")
     if copy_out is not None:
         sch.compute_inline(copy_out)  # out reads the padded tile directly
+    sch.compute_inline(sch.get_sblock(WEIGHT_VIEW))  # after pad_einsum, which needs plain indices
     i, jo, ji, k = sch.get_loops(block)
     i_outer, i_inner = sch.split(i, [None, kernel.tile_m])
     j_outer, j_inner = sch.split(jo, [None, kernel.task_n])
@@ -89,8 +114,8 @@ def random_operands(workload: Workload, dims: dict[str, int], rng: np.random.Gen
 
 
 def kernel_arguments(operands: dict[str, np.ndarray], workload: Workload, kernel: MicroKernel, device=None):
-    """x, the packed weight, [bias] and a zeroed output, as device tensors."""
-    arrays = [operands["x"], pack_weight(operands["w"], kernel.tile_n, weight_blocks(workload, kernel))]
+    """x, the weight in the kernel's layout, [bias] and a zeroed output, as device tensors."""
+    arrays = [operands["x"], weight_operand(operands["w"], weight_layout(workload, kernel))[0]]
     if workload.bias:
         arrays.append(operands["bias"])
     arrays.append(np.zeros((operands["x"].shape[0], workload.n.hi), np.float32))

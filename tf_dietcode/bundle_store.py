@@ -1,0 +1,59 @@
+"""A content-addressed store of kernel bundles for Keras layers.
+
+A tuned DietDense layer names its bundle by path, and that path must outlive
+the places a bundle comes from: tune()'s scratch directory, and the
+temporary directory Keras extracts a `.keras` file's assets into. The store
+keeps each bundle once, as `<digest>.json` and `<digest>.so` in one flat
+directory (`$TF_DIETCODE_CACHE`, default ~/.cache/tf_dietcode/bundles):
+names unique per bundle, so a SavedModel's assets/ can hold the bundles of
+several layers side by side.
+"""
+
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+
+from tf_dietcode.tuning.bundle import MANIFEST
+
+
+def root() -> pathlib.Path:
+    default = pathlib.Path.home() / ".cache" / "tf_dietcode" / "bundles"
+    return pathlib.Path(os.environ.get("TF_DIETCODE_CACHE", default))
+
+
+def files(manifest_path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.Path]:
+    """A bundle's manifest and the library it names (beside it)."""
+    manifest_path = pathlib.Path(manifest_path)
+    library = json.loads(manifest_path.read_text())["library"]
+    return manifest_path, manifest_path.parent / library
+
+
+def install(manifest_path: str | os.PathLike) -> pathlib.Path:
+    """The bundle whose manifest is at `manifest_path` (or in that directory),
+    copied into the store unless it is there; returns the stored manifest's path."""
+    manifest_path = pathlib.Path(manifest_path)
+    if manifest_path.is_dir():
+        manifest_path = manifest_path / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    # The library's own name is left out: a stored bundle installed again is the same bundle.
+    identity = {key: value for key, value in manifest.items() if key != "library"}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+    store = root()
+    stored = store / f"{digest}.json"
+    if stored.exists():
+        return stored
+    store.mkdir(parents=True, exist_ok=True)
+    _, library = files(manifest_path)
+    # The library first, the manifest last: a manifest in the store always has its library.
+    _atomic_write(store / f"{digest}.so", library.read_bytes())
+    _atomic_write(stored, json.dumps({**manifest, "library": f"{digest}.so"}, indent=1).encode())
+    return stored
+
+
+def _atomic_write(target: pathlib.Path, data: bytes) -> None:
+    """Readers see the whole file or none (concurrent installs of one bundle are harmless)."""
+    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".staging-", delete=False) as staging:
+        staging.write(data)
+    os.replace(staging.name, target)

@@ -1,0 +1,229 @@
+"""Keras 3 integration: `DietDense`, a `keras.layers.Dense` that runs the fused op.
+
+A model built with DietDense (or turned into one by `convert`) computes its
+dense layers with `DietcodeFusedMatMul` (matmul, bias and activation in one op)
+while keeping everything else Keras knows about Dense: arguments, weights,
+config, masking, training, saving. `tune` tunes its layers for the model's
+input shape ranges; each tuned layer then carries its kernel bundle as assets,
+in `.keras` files and in `model.export()` SavedModels alike.
+"""
+
+import collections
+import dataclasses
+import pathlib
+import shutil
+import tempfile
+import uuid
+
+import keras
+import tensorflow as tf
+from keras.src.models.functional import Functional  # what clone_model itself checks; Keras exports no name for it
+
+from tf_dietcode import bundle_store, ops
+from tf_dietcode.graph_rewrite import shape_ranges as input_ranges
+from tf_dietcode.tuning import hardware, micro_kernel, search
+from tf_dietcode.tuning.workload import Workload
+
+# Row counts (M) each DietDense layer sees, by id(layer), while tune() runs the model at
+# the corners of its input ranges; None the rest of the time.
+_observed_rows: dict[int, list[int]] | None = None
+
+# Keras activations the op's epilogue computes exactly, by the op's name for them.
+# Sigmoid is left out on purpose: Keras' sigmoid tags its output with the logits
+# (`_keras_logits`), which binary cross-entropy reads to stay stable on saturated
+# outputs; a fused sigmoid would lose them and change the loss.
+_FUSED_ACTIVATIONS = {"linear": "none", "relu": "relu", "tanh": "tanh", "gelu": "gelu"}
+
+
+def _fused_activation(activation) -> str | None:
+    """The op's name for a Keras activation it computes, None if it must run after the op."""
+    if activation is None:  # Dense's call skips a None activation
+        return "none"
+    for keras_name, op_name in _FUSED_ACTIVATIONS.items():
+        if activation is keras.activations.get(keras_name):
+            return op_name
+    return None
+
+
+class _BundleAssets(tf.saved_model.experimental.TrackableResource):
+    """A bundle's manifest and library as SavedModel assets (copied on save, their paths
+    resolved where the model is loaded). A resource because `model.export()` keeps only
+    the TrackableResources (lookup tables, normally) among a model's objects; its own
+    handle is a variable handle nothing reads."""
+
+    def __init__(self, manifest_path: str | pathlib.Path):
+        super().__init__()
+        manifest, library = bundle_store.files(manifest_path)
+        self.manifest = tf.saved_model.Asset(str(manifest))
+        self.library = tf.saved_model.Asset(str(library))
+        self._handle_name = f"tf_dietcode_bundle_{uuid.uuid4().hex}"
+
+    def _create_resource(self):
+        return tf.raw_ops.VarHandleOp(dtype=tf.int32, shape=[], shared_name=self._handle_name)
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        return {**super()._trackable_children(save_type, **kwargs),
+                "manifest": self.manifest, "library": self.library}
+
+
+@keras.saving.register_keras_serializable(package="tf_dietcode")
+class DietDense(keras.layers.Dense):
+    """`keras.layers.Dense` computed by `DietcodeFusedMatMul`; a drop-in replacement.
+
+    Float32 layers run the op on the input flattened to [-1, K]. Other compute
+    dtypes (mixed precision, float64) and inputs that are not dense float32
+    tensors run Dense's own `call`: the op is float32 only. Quantized layers
+    never reach `call` (Keras runs `quantized_call` instead), and LoRA is
+    already merged into `self.kernel`, which is what the op reads.
+    """
+
+    def __init__(self, units: int, **kwargs):
+        super().__init__(units, **kwargs)
+        # An instance attribute: keras.layers.Layer.__init__ sets supports_jit = True
+        # on every instance, which would hide a class attribute.
+        self.supports_jit = False  # the custom op has no XLA kernel
+        self._bundle = None  # a _BundleAssets once tuned
+
+    @property
+    def bundle_path(self) -> str:
+        """Path of the tuned kernel bundle's manifest the op uses, "" for the generic kernel."""
+        return "" if self._bundle is None else self._bundle.manifest.asset_path.numpy().decode()
+
+    def use_bundle(self, manifest_path: str | pathlib.Path | None) -> None:
+        """Runs the layer on the tuned kernels of this bundle (None: the generic kernel).
+        Functions traced before (e.g. Keras' predict function) keep what they traced with."""
+        self._bundle = None if manifest_path is None else _BundleAssets(manifest_path)
+
+    def save_assets(self, dir_path: str) -> None:
+        """Keras' `.keras` saving: the bundle's two files travel with the layer."""
+        if self._bundle is not None:
+            for path in bundle_store.files(self.bundle_path):
+                shutil.copy(path, dir_path)
+
+    def load_assets(self, dir_path: str | None) -> None:
+        """Keras' `.keras` loading: Keras deletes `dir_path` afterwards, so the bundle goes to the
+        store. Keras passes None for a layer that saved no assets (an untuned one)."""
+        manifests = sorted(pathlib.Path(dir_path).glob("*.json")) if dir_path else []
+        self.use_bundle(bundle_store.install(manifests[0]) if manifests else None)
+
+    def call(self, inputs, training=None):
+        if not (self.compute_dtype == "float32" and isinstance(inputs, tf.Tensor) and inputs.dtype == tf.float32):
+            return super().call(inputs, training=training)
+        fused = _fused_activation(self.activation)
+        x = inputs if inputs.shape.rank == 2 else tf.reshape(inputs, [-1, tf.shape(inputs)[-1]])
+        if _observed_rows is not None:
+            _observed_rows[id(self)].append(int(x.shape[0]))
+        bundle = "" if self._bundle is None else self._bundle.manifest.asset_path
+        y = ops.fused_matmul(x, self.kernel, self.bias, activation=fused or "none", bundle=bundle)
+        if inputs.shape.rank != 2:
+            y = tf.reshape(y, tf.concat([tf.shape(inputs)[:-1], [self.units]], axis=0))
+            y.set_shape(inputs.shape[:-1].concatenate([self.units]))
+        return y if fused else self.activation(y)
+
+
+def convert(model: keras.Model) -> keras.Model:
+    """A copy of a Functional or Sequential model with every `keras.layers.Dense` a `DietDense`.
+
+    Nested Functional and Sequential models are converted too; Dense layers
+    inside other layers (custom layers' sublayers) stay Dense. All weights are
+    copied; the input model is left as it was.
+    """
+    if not isinstance(model, (keras.Sequential, Functional)):
+        raise TypeError(
+            f"convert() takes a Functional or Sequential model, got {type(model).__name__}, a subclassed "
+            "model whose layer graph keras.models.clone_model cannot rebuild; use "
+            "tf_dietcode.keras.DietDense in its code in place of keras.layers.Dense")
+    clones = []
+
+    def clone(operation: keras.Operation) -> keras.Operation:
+        # clone_model passes every node: layers, and the plain ops (keras.ops calls) between them.
+        cls = DietDense if type(operation) is keras.layers.Dense else type(operation)
+        copy = cls.from_config(operation.get_config())
+        if isinstance(copy, keras.layers.Layer):
+            clones.append((operation, copy))
+        return copy
+
+    converted = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    for original, copy in clones:
+        copy.set_weights(original.get_weights())
+    return converted
+
+
+@dataclasses.dataclass
+class TuningReport:
+    """What tune() did: each DietDense layer's workload, or why it was left generic."""
+
+    tuned: dict[str, Workload] = dataclasses.field(default_factory=dict)      # by layer path
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)         # layer path -> why
+    notes: list[str] = dataclasses.field(default_factory=list)                # ranges assumed
+
+    def summary(self) -> str:
+        lines = [f"tuned {len(self.tuned)} DietDense layer(s) as {len(set(self.tuned.values()))} workload(s)"]
+        lines += [f"  {name}: M {w.m.lo}..{w.m.hi}, [{w.k.hi}] -> [{w.n.hi}], {w.activation}"
+                  for name, w in self.tuned.items()]
+        lines += [f"  {name}: generic kernel ({why})" for name, why in self.skipped.items()]
+        return "\n".join(lines + [f"note: {note}" for note in self.notes])
+
+
+def tune(model: keras.Model, shape_ranges: dict | list | None = None, *,
+         tuning: search.SearchOptions = search.SearchOptions(), database=None,
+         progress: bool = True) -> TuningReport:
+    """Tunes every DietDense layer of `model` for the row counts its input ranges imply,
+    and attaches each layer's bundle to it.
+
+    shape_ranges: per model input (by name; a plain list for a single input), per dim a
+    size, an inclusive (lo, hi) range or None (the declared size, or a default range),
+    as for `tf_dietcode.optimize`. Layers with the same workload share kernels.
+    """
+    layers = [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, DietDense)]
+    rows, notes = _row_ranges(model, shape_ranges, layers)
+    report = TuningReport(notes=notes)
+    workloads = {}
+    for layer in layers:
+        if id(layer) not in rows:
+            report.skipped[layer.path] = (f"does not run the fused op in {layer.compute_dtype} "
+                                          "or is not reached by the inputs")
+            continue
+        workload = Workload("dense", rows[id(layer)], layer.units, layer.kernel.shape[0], bias=layer.use_bias,
+                            activation=_fused_activation(layer.activation) or "none", weight_layout="in_place")
+        if not micro_kernel.space(hardware.detect(), workload):
+            report.skipped[layer.path] = f"no micro-kernel splits its {layer.units} output columns exactly"
+            continue
+        workloads[layer] = report.tuned[layer.path] = workload
+    from tf_dietcode.tuning.tune import tune as tune_workloads
+
+    with tempfile.TemporaryDirectory(prefix="tf_dietcode-") as scratch:
+        bundles = {}
+        for i, workload in enumerate(dict.fromkeys(workloads.values())):
+            directory = pathlib.Path(scratch) / f"bundle_{i}"
+            tune_workloads([workload], directory, options=tuning, database=database, progress=progress)
+            bundles[workload] = bundle_store.install(directory)
+    for layer, workload in workloads.items():
+        layer.use_bundle(bundles[workload])
+    model.train_function = model.test_function = model.predict_function = None  # retraced with the bundles
+    return report
+
+
+def _row_ranges(model: keras.Model, shape_ranges, layers) -> tuple[dict[int, tuple[int, int]], list[str]]:
+    """Each layer's (lo, hi) rows, from running the model on zeros at the corners of the input ranges."""
+    global _observed_rows
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError) as error:
+        raise ValueError("tune() needs a model with known inputs (built from keras.Input)") from error
+    specs = {t.name: tf.TensorSpec(t.shape, t.dtype) for t in inputs}
+    if isinstance(shape_ranges, (list, tuple)):
+        if len(specs) != 1:
+            raise ValueError(f"the model has inputs {list(specs)}: give shape_ranges as a dict by input name")
+        shape_ranges = {next(iter(specs)): shape_ranges}
+    ranges, notes = input_ranges.resolve(specs, shape_ranges)
+    _observed_rows = collections.defaultdict(list)
+    try:
+        for corner in input_ranges.corner_inputs(specs, ranges):
+            model(corner if len(corner) > 1 else corner[0])
+        observed = _observed_rows
+    finally:
+        _observed_rows = None
+    return {id(layer): (max(min(observed[id(layer)]), 1), max(max(observed[id(layer)]), 1))
+            for layer in layers if observed[id(layer)]}, notes
+
