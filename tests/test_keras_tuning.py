@@ -48,7 +48,7 @@ def tuned(tmp_path_factory):
 def _calls(path):
     stats = ops.bundle_stats(path)
     assert stats["problem"] == "", stats
-    return sum(sum(w["calls"] for w in stats["workloads"]), 0), stats["generic_calls"]
+    return sum(sum(w["calls"]) for w in stats["workloads"]), stats["generic_calls"]
 
 
 def test_report_names_the_tuned_and_the_generic_layers(tuned):
@@ -129,7 +129,7 @@ def _assert_tuned_calls(bundles, expected_bundles):
     assert len(bundles) == expected_bundles
     for path, stats in bundles:
         assert stats["problem"] == "" and stats["generic_calls"] == 0, (path, stats)
-        assert sum(sum(w["calls"] for w in stats["workloads"]), 0) == 1, (path, stats)
+        assert sum(sum(w["calls"]) for w in stats["workloads"]) == 1, (path, stats)
 
 
 def test_keras_file_carries_the_bundles_to_a_fresh_process(tuned, tmp_path, rng):

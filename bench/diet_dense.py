@@ -1,0 +1,82 @@
+"""DietDense against keras.layers.Dense with the same weights.
+
+    python -m bench.diet_dense [--quick] [--out bench/results/diet_dense]
+
+For [16,T,768]->2304 and [1,T,768]->3072: builds the Dense layer, converts it
+(tf_dietcode.keras.convert), tunes the DietDense for T in [1, 128] (tuning
+database <out>/tuning.jsonl, resumed), checks both layers agree, then at each
+T times each layer in-graph (many calls in one tf.function loop, medians of
+repeats, the two layers alternating). Writes diet_dense.csv and diet_dense.png
+and prints the geometric-mean speed-up per case.
+"""
+
+import argparse
+import math
+import os
+import pathlib
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench import in_graph_timing, report  # noqa: E402
+from bench.threads import use_threads  # noqa: E402
+from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
+from tf_dietcode import keras as diet_keras  # noqa: E402
+from tf_dietcode.tuning import search  # noqa: E402
+from tf_dietcode.tuning.database import Database  # noqa: E402
+
+CASES = [("b16_[16,T,768]->2304", 16, 2304), ("b1_[1,T,768]->3072", 1, 3072)]
+MAX_T, K = 128, 768
+
+
+def _models(batch: int, units: int) -> tuple[keras.Model, keras.Model]:
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((None, K), batch_size=batch)
+    dense = keras.Model(inputs, keras.layers.Dense(units)(inputs))
+    return dense, diet_keras.convert(dense)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="quick tuning and a few T")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/diet_dense"))
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    use_threads()
+    database = Database(args.out / "tuning.jsonl")
+    rng = np.random.default_rng(0)
+    rows = []
+    for name, batch, units in CASES:
+        dense, diet = _models(batch, units)
+        start = time.perf_counter()
+        diet_keras.tune(diet, [batch, (1, MAX_T), K], database=database,
+                        tuning=search.QUICK if args.quick else search.SearchOptions())
+        print(f"{name}: tuned in {time.perf_counter() - start:.0f} s (resumed from {database.path})")
+        layers = {"tensorflow": dense.layers[-1], "dietcode": diet.layers[-1]}
+        for t in QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS:
+            x = rng.uniform(-1, 1, (batch, t, K)).astype(np.float32)
+            np.testing.assert_allclose(layers["dietcode"](x), layers["tensorflow"](x), rtol=1e-4, atol=1e-4)
+            seconds = {peer: [] for peer in layers}
+            for _ in range(3):  # alternate the layers so drift hits both alike
+                for peer, layer in layers.items():
+                    seconds[peer].append(in_graph_timing.seconds_per_call(layer, [x]))
+            base = float(np.median(seconds["tensorflow"]))
+            for peer in layers:
+                median = float(np.median(seconds[peer]))
+                rows.append({"workload": name, "T": t, "peer": peer, "seconds": median,
+                             "gflops": 2 * batch * t * K * units / median / 1e9,
+                             "speedup_vs_tensorflow": base / median})
+            print(f"  T={t:4d}: DietDense {base / float(np.median(seconds['dietcode'])):.2f}x")
+    report.write_csv(rows, args.out / "diet_dense.csv")
+    report.speedup_by_t(rows, args.out / "diet_dense.png", "DietDense vs keras.layers.Dense (same weights)")
+    for name, _, _ in CASES:
+        speedups = [r["speedup_vs_tensorflow"] for r in rows if r["workload"] == name and r["peer"] == "dietcode"]
+        print(f"{name}: geometric-mean speed-up {math.exp(np.mean(np.log(speedups))):.2f}x "
+              f"(worst {min(speedups):.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
