@@ -180,3 +180,10 @@ def test_bad_shape_ranges_are_clear_errors():
     two_inputs = keras.Model([a, b], diet_keras.DietDense(8)(keras.layers.Add()([a, b])))
     with pytest.raises(ValueError, match="as a dict by input name"):
         diet_keras.tune(two_inputs, [(1, 4), 4], tuning=QUICK, progress=False)
+
+
+def test_loading_dietdense_needs_no_tuner():
+    """Serving a model imports tf_dietcode.keras; the tuner's TVM and XGBoost stay out."""
+    code = "import sys, tf_dietcode.keras; print(sorted({'tvm', 'xgboost'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip().splitlines()[-1] == "[]", result.stderr[-2000:]

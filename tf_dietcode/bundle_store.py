@@ -15,8 +15,6 @@ import os
 import pathlib
 import tempfile
 
-from tf_dietcode.tuning.bundle import MANIFEST
-
 
 def root() -> pathlib.Path:
     default = pathlib.Path.home() / ".cache" / "tf_dietcode" / "bundles"
@@ -34,7 +32,9 @@ def install(manifest_path: str | os.PathLike) -> pathlib.Path:
     """The bundle whose manifest is at `manifest_path` (or in that directory),
     copied into the store unless it is there; returns the stored manifest's path."""
     manifest_path = pathlib.Path(manifest_path)
-    if manifest_path.is_dir():
+    if manifest_path.is_dir():  # as tune() writes it (TVM is loaded then anyway)
+        from tf_dietcode.tuning.bundle import MANIFEST
+
         manifest_path = manifest_path / MANIFEST
     manifest = json.loads(manifest_path.read_text())
     # The library's own name is left out: a stored bundle installed again is the same bundle.

@@ -21,7 +21,7 @@ from keras.src.models.functional import Functional  # what clone_model itself ch
 
 from tf_dietcode import bundle_store, ops
 from tf_dietcode.graph_rewrite import shape_ranges as input_ranges
-from tf_dietcode.tuning import hardware, micro_kernel, search
+from tf_dietcode.tuning import hardware, micro_kernel
 from tf_dietcode.tuning.workload import Workload
 
 # Row counts (M) each DietDense layer sees, by id(layer), while tune() runs the model at
@@ -180,15 +180,20 @@ class TuningReport:
 
 
 def tune(model: keras.Model, shape_ranges: dict | list | None = None, *,
-         tuning: search.SearchOptions = search.SearchOptions(), database=None,
-         progress: bool = True) -> TuningReport:
+         tuning=None, database=None, progress: bool = True) -> TuningReport:
     """Tunes every DietDense layer of `model` for the row counts its input ranges imply,
     and attaches each layer's bundle to it.
 
     shape_ranges: per model input (by name; a plain list for a single input), per dim a
     size, an inclusive (lo, hi) range or None (the declared size, or a default range),
     as for `tf_dietcode.optimize`. Layers with the same workload share kernels.
+    tuning: a `tf_dietcode.tuning.search.SearchOptions` (default: the full search).
     """
+    # The tuner (TVM, XGBoost) is imported here, not with the layer: loading and serving
+    # a model with DietDense layers needs only the op library.
+    from tf_dietcode.tuning.search import SearchOptions
+    from tf_dietcode.tuning.tune import tune as tune_workloads
+
     layers = [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, DietDense)]
     rows, notes = _row_ranges(model, shape_ranges, layers)
     report = TuningReport(notes=notes)
@@ -204,13 +209,12 @@ def tune(model: keras.Model, shape_ranges: dict | list | None = None, *,
             report.skipped[layer.path] = f"no micro-kernel splits its {layer.units} output columns exactly"
             continue
         workloads[layer] = report.tuned[layer.path] = workload
-    from tf_dietcode.tuning.tune import tune as tune_workloads
-
     with tempfile.TemporaryDirectory(prefix="tf_dietcode-") as scratch:
         bundles = {}
         for i, workload in enumerate(dict.fromkeys(workloads.values())):
             directory = pathlib.Path(scratch) / f"bundle_{i}"
-            tune_workloads([workload], directory, options=tuning, database=database, progress=progress)
+            tune_workloads([workload], directory, options=tuning or SearchOptions(), database=database,
+                           progress=progress)
             bundles[workload] = bundle_store.install(directory)
     for layer, workload in workloads.items():
         layer.use_bundle(bundles[workload])
