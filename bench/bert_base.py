@@ -33,10 +33,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
-from bench import encoder, report  # noqa: E402
+from bench import cli, encoder, report  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
-from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
-from tf_dietcode.tuning import search  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 
 MODEL = encoder.BERT_BASE
@@ -86,17 +84,15 @@ def optimize(original: pathlib.Path, optimized: pathlib.Path, batches: list[int]
     started = time.perf_counter()
     result = tf_dietcode.optimize(original, optimized,
                                   shape_ranges={"input_ids": [(min(batches), max(batches)), (1, MODEL.max_length)]},
-                                  tuning=search.QUICK if quick else search.SearchOptions(),
+                                  tuning=cli.search_options(quick),
                                   database=Database(out / "tuning.jsonl"), overwrite=True)
     print(result.summary())
     print(f"optimize() took {time.perf_counter() - started:.0f} s")
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="quick tuning and a few T")
+    parser = cli.parser(__doc__, "bench/results/bert_base", "quick tuning and a few T")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/bert_base"))
     parser.add_argument("--onednn-off-worker", metavar="SAVED_MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--cells", type=json.loads, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -108,7 +104,7 @@ def main(argv=None):
     shutil.rmtree(original, ignore_errors=True)
     encoder.build(MODEL).export(str(original), verbose=False)
     optimize(original, optimized, args.batches, args.quick, args.out)
-    cells = [(b, t) for b in args.batches for t in (QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS)]
+    cells = [(b, t) for b in args.batches for t in cli.sequence_lengths(args.quick)]
     off = onednn_off_seconds(original, cells, args.out)
 
     models = [tf.saved_model.load(str(path)) for path in (original, optimized)]  # kept alive

@@ -11,9 +11,7 @@ inference of each model at every T (median of 41 interleaved repeats, 2 threads)
 demo.csv and demo.png and prints the table.
 """
 
-import argparse
 import os
-import pathlib
 import shutil
 import time
 
@@ -23,17 +21,13 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
-from bench import encoder, report  # noqa: E402
+from bench import cli, encoder, report  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
-from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
-from tf_dietcode.tuning import search  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="quick tuning and a few T")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/demo"))
+    parser = cli.parser(__doc__, "bench/results/demo", "quick tuning and a few T")
     args = parser.parse_args(argv)
     use_threads()
     original, optimized = args.out / "original", args.out / "optimized"
@@ -42,7 +36,7 @@ def main(argv=None):
     encoder.build(model).export(str(original), verbose=False)
     started = time.perf_counter()
     result = tf_dietcode.optimize(original, optimized, shape_ranges={"input_ids": [1, (1, model.max_length)]},
-                                  tuning=search.QUICK if args.quick else search.SearchOptions(),
+                                  tuning=cli.search_options(args.quick),
                                   database=Database(args.out / "tuning.jsonl"), overwrite=True)
     print(result.summary())
     print(f"optimize() took {time.perf_counter() - started:.0f} s")
@@ -52,7 +46,7 @@ def main(argv=None):
     rows = []
     rng = np.random.default_rng(0)
     print(f"\n{'T':>4s} {'original ms':>12s} {'optimized ms':>13s} {'speed-up':>9s}")
-    for t in QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS:
+    for t in cli.sequence_lengths(args.quick):
         ids = tf.constant(rng.integers(0, model.vocabulary, (1, t)), tf.int32)
         expected, actual = before(input_ids=ids), after(input_ids=ids)
         for key in expected:

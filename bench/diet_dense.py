@@ -10,10 +10,8 @@ repeats, the two layers alternating). Writes diet_dense.csv and diet_dense.png
 and prints the geometric-mean speed-up per case.
 """
 
-import argparse
 import math
 import os
-import pathlib
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -21,11 +19,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import in_graph_timing, report  # noqa: E402
+from bench import cli, in_graph_timing, report  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
-from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
 from tf_dietcode import keras as diet_keras  # noqa: E402
-from tf_dietcode.tuning import search  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 
 CASES = [("b16_[16,T,768]->2304", 16, 2304), ("b1_[1,T,768]->3072", 1, 3072)]
@@ -40,9 +36,7 @@ def _models(batch: int, units: int) -> tuple[keras.Model, keras.Model]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="quick tuning and a few T")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/diet_dense"))
+    parser = cli.parser(__doc__, "bench/results/diet_dense", "quick tuning and a few T")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     use_threads()
@@ -53,10 +47,10 @@ def main(argv=None):
         dense, diet = _models(batch, units)
         start = time.perf_counter()
         diet_keras.tune(diet, [batch, (1, MAX_T), K], database=database,
-                        tuning=search.QUICK if args.quick else search.SearchOptions())
+                        tuning=cli.search_options(args.quick))
         print(f"{name}: tuned in {time.perf_counter() - start:.0f} s (resumed from {database.path})")
         layers = {"tensorflow": dense.layers[-1], "dietcode": diet.layers[-1]}
-        for t in QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS:
+        for t in cli.sequence_lengths(args.quick):
             x = rng.uniform(-1, 1, (batch, t, K)).astype(np.float32)
             np.testing.assert_allclose(layers["dietcode"](x), layers["tensorflow"](x), rtol=1e-4, atol=1e-4)
             seconds = {peer: [] for peer in layers}

@@ -6,17 +6,15 @@ Writes generic_kernels.csv (ms, GFLOP/s and speed-up over TF per workload and
 T) and generic_kernels.png, and prints the geometric-mean speed-ups.
 """
 
-import argparse
 import math
 import os
-import pathlib
 
 import tensorflow as tf
 from tqdm import tqdm
 
-from bench import in_graph_timing, report
+from bench import cli, in_graph_timing, report
 from bench.threads import use_threads
-from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS, WORKLOADS
+from bench.workloads import QUICK_SEQUENCE_LENGTHS, WORKLOADS
 
 PEERS = ("tensorflow", "dietcode")
 
@@ -44,15 +42,13 @@ def geomean_speedups(rows):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help=f"T in {QUICK_SEQUENCE_LENGTHS} only")
+    parser = cli.parser(__doc__, "bench/results", f"T in {QUICK_SEQUENCE_LENGTHS} only")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads for every peer")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args(argv)
     use_threads(args.threads)
 
-    rows = measure(WORKLOADS, QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS, args.repeats)
+    rows = measure(WORKLOADS, cli.sequence_lengths(args.quick), args.repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / "generic_kernels.csv"
     report.write_csv(rows, csv_path)

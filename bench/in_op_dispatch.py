@@ -12,7 +12,6 @@ measured with one tf.identity in place of the op; the op's overhead is
 op - kernel - that loop cost. Writes in_op_dispatch.csv.
 """
 
-import argparse
 import ctypes
 import os
 import pathlib
@@ -25,10 +24,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tvm  # noqa: E402
 
-from bench import in_graph_timing, report  # noqa: E402
+from bench import cli, in_graph_timing, report  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
 from bench.tuned_kernels import CASES, read_bundle_manifest, tvm_seconds  # noqa: E402
-from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
 from tf_dietcode import ops  # noqa: E402
 from tf_dietcode.tuning import bundle, templates  # noqa: E402
 from tf_dietcode.tuning.micro_kernel import MicroKernel  # noqa: E402
@@ -48,10 +46,8 @@ def op_call(workload: Workload, entry: dict, path: str, operands: dict[str, np.n
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "bench/results", "a few T")
     parser.add_argument("--bundle", type=pathlib.Path, default=pathlib.Path("bench/results/bundle"))
-    parser.add_argument("--quick", action="store_true", help="a few T")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args(argv)
     manifest = read_bundle_manifest(args.bundle)
     use_threads()
@@ -65,7 +61,7 @@ def main(argv=None):
         workload = Workload.from_key(entry["key"])
         dispatch = getattr(library, entry["dispatch"])
         dispatch.restype, dispatch.argtypes = ctypes.c_int64, [ctypes.c_int64] * len(DIMS)
-        for t in QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS:
+        for t in cli.sequence_lengths(args.quick):
             dims = workload.dims_at(shape_at(t))
             kernel_entry = entry["kernels"][dispatch(*(dims[d] for d in DIMS))]
             jobs.append((name, t, workload, entry, kernel_entry,

@@ -11,7 +11,6 @@ The Nimble-like baseline (tune the largest shape only, use its best kernel for
 every T) runs beside it with the same budget.
 """
 
-import argparse
 import json
 import math
 import os
@@ -26,9 +25,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tvm  # noqa: E402
 
-from bench import in_graph_timing, peak, report  # noqa: E402
+from bench import cli, in_graph_timing, peak, report  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
-from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS  # noqa: E402
 from tf_dietcode import reference  # noqa: E402
 from tf_dietcode.tuning import baselines, bundle, hardware, measure, search, templates  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
@@ -64,14 +62,12 @@ def tvm_seconds(module, name, arguments):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a few T and the quick search budget")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
+    parser = cli.parser(__doc__, "bench/results", "a few T and the quick search budget")
     args = parser.parse_args(argv)
     use_threads()
     args.out.mkdir(parents=True, exist_ok=True)
-    sequence_lengths = QUICK_SEQUENCE_LENGTHS if args.quick else SEQUENCE_LENGTHS
-    options = search.QUICK if args.quick else search.SearchOptions()
+    sequence_lengths = cli.sequence_lengths(args.quick)
+    options = cli.search_options(args.quick)
     hw = hardware.detect()
     rng = np.random.default_rng(0)
     peak_gflops = peak.fma_peak_gflops(hw.cores)

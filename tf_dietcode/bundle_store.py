@@ -45,9 +45,8 @@ def install(manifest_path: str | os.PathLike) -> pathlib.Path:
     if stored.exists():
         return stored
     store.mkdir(parents=True, exist_ok=True)
-    _, library = files(manifest_path)
     # The library first, the manifest last: a manifest in the store always has its library.
-    _atomic_write(store / f"{digest}.so", library.read_bytes())
+    _atomic_write(store / f"{digest}.so", (manifest_path.parent / manifest["library"]).read_bytes())
     _atomic_write(stored, json.dumps({**manifest, "library": f"{digest}.so"}, indent=1).encode())
     return stored
 

@@ -189,7 +189,7 @@ class Converter:
         """A module tracking the variables, packed weights and bundle the rewritten signatures capture."""
         module = tf.Module()
         module.variables_kept, module.dense_weights, self._signatures = [], [], {}
-        self._weights_by_content: dict[tuple, tf.Variable] = {}  # signatures share layers: one variable per weight
+        self._weights_by_content: dict[tuple, tuple[tf.Variable, int]] = {}  # signatures share layers
         self.report.fused = collections.Counter()  # counted afresh by every save()
         if self._bundle_dir is not None:  # set only when there were workloads to tune
             module.bundle_manifest = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.MANIFEST))
@@ -241,13 +241,13 @@ class Converter:
         """The layer's weight in its kernels' layout, as a variable (one per distinct weight and
         layout), and the op's packed_n (0: read in place as [K, N])."""
         layout = self._layouts[workload]
-        value, packed_n = dense.weight_operand(match.weight.T, layout)
         key = (hashlib.sha1(match.weight.tobytes()).hexdigest(), match.weight.shape, json.dumps(layout))
-        if key not in self._weights_by_content:
-            self._weights_by_content[key] = tf.Variable(
-                value, trainable=False, name=f"dietcode_weight_{len(self._weights_by_content)}")
-            module.dense_weights.append(self._weights_by_content[key])
-        return self._weights_by_content[key], packed_n
+        if key not in self._weights_by_content:  # packed once, however many signatures share it
+            value, packed_n = dense.weight_operand(match.weight.T, layout)
+            variable = tf.Variable(value, trainable=False, name=f"dietcode_weight_{len(self._weights_by_content)}")
+            module.dense_weights.append(variable)
+            self._weights_by_content[key] = variable, packed_n
+        return self._weights_by_content[key]
 
 
 def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: str | pathlib.Path, *,

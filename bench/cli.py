@@ -1,0 +1,26 @@
+"""The command line every benchmark shares: `--quick` (a few T and, where a
+benchmark tunes, the quick search budget) and `--out`, and what --quick picks."""
+
+import argparse
+import pathlib
+
+from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS
+
+
+def parser(description: str, default_out: str, quick_help: str) -> argparse.ArgumentParser:
+    """A parser with --quick and --out; benchmarks add their own arguments."""
+    result = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    result.add_argument("--quick", action="store_true", help=quick_help)
+    result.add_argument("--out", type=pathlib.Path, default=pathlib.Path(default_out))
+    return result
+
+
+def sequence_lengths(quick: bool) -> tuple[int, ...]:
+    return QUICK_SEQUENCE_LENGTHS if quick else SEQUENCE_LENGTHS
+
+
+def search_options(quick: bool):
+    """The tuner's budget (imported here: benchmarks that do not tune start without TVM)."""
+    from tf_dietcode.tuning import search
+
+    return search.QUICK if quick else search.SearchOptions()
