@@ -172,6 +172,9 @@ std::shared_ptr<const KernelBundle> KernelBundle::Get(const std::string& path) {
       LOG(WARNING) << "tf_dietcode: kernel bundle '" << path
                    << "' is not used (" << loaded->problem_
                    << "); the ops that name it run the generic kernel";
+    } else {  // once per bundle and process: operators see which bundle serves
+      LOG(INFO) << "tf_dietcode: kernel bundle '" << path << "' loaded ("
+                << loaded->workloads_.size() << " workloads)";
     }
     bundle = std::move(loaded);
   }

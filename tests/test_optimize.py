@@ -17,31 +17,13 @@ import tf_dietcode
 from tf_dietcode.tuning import search
 from tf_dietcode.tuning.workload import DimRange
 
-TINY_TUNING = search.SearchOptions(trials=4, batch=4, samples=3)
-RANGES = {"x": [(1, 2), (1, 12), 32]}
+from conftest import ENCODER_RANGES, TINY_TUNING_OPTIONS
+
+TINY_TUNING = search.SearchOptions(**TINY_TUNING_OPTIONS)
 
 
-def encoder_block():
-    """Dense (exact GELU) on 3-D input, Dense, MultiHeadAttention, Dense (relu) on 2-D input."""
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((None, 32), name="x")
-    hidden = keras.layers.Dense(64, activation="gelu")(inputs)
-    hidden = keras.layers.Dense(32)(hidden)
-    attended = keras.layers.MultiHeadAttention(num_heads=2, key_dim=16)(hidden, hidden)
-    outputs = keras.layers.Dense(8, activation="relu")(attended[:, 0])
-    return keras.Model(inputs, outputs)
-
-
-@pytest.fixture(scope="module")
-def optimized(tmp_path_factory):
-    root = tmp_path_factory.mktemp("optimize")
-    encoder_block().export(str(root / "original"), verbose=False)
-    report = tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=RANGES, tuning=TINY_TUNING)
-    return root, report
-
-
-def test_every_dense_form_is_found_and_fused(optimized):
-    _, report = optimized
+def test_every_dense_form_is_found_and_fused(optimized_encoder):
+    _, report = optimized_encoder
     assert report.signatures == ["serve", "serving_default"]
     # per signature: 2 tensordot (Dense on 3-D), 4 einsum (Q, K, V, attention output), 1 matmul (Dense on
     # 2-D), and attention's 2 products of computed operands (scores, context)
@@ -59,6 +41,7 @@ def test_every_dense_form_is_found_and_fused(optimized):
 
 FRESH_PROCESS = """
 import json, sys
+import keras
 import numpy as np
 import tensorflow as tf
 tf.load_op_library(sys.argv[1])
@@ -69,8 +52,8 @@ print(json.dumps({key: {str(t): model.signatures[key](x=inputs[str(t)])["output_
 """
 
 
-def test_moved_output_in_a_fresh_process_matches_the_original(optimized, rng):
-    root, _ = optimized
+def test_moved_output_in_a_fresh_process_matches_the_original(optimized_encoder, rng):
+    root, _ = optimized_encoder
     moved = root / "moved"
     shutil.copytree(root / "optimized", moved)
     lengths = [1, 2, 7, 12, 13, 30]  # 13 and 30 are outside the tuned range: the generic kernel
@@ -90,8 +73,8 @@ def test_moved_output_in_a_fresh_process_matches_the_original(optimized, rng):
             np.testing.assert_allclose(outputs[key][str(t)], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
 
 
-def test_the_optimized_model_runs_tuned_kernels(optimized):
-    root, _ = optimized
+def test_the_optimized_model_runs_tuned_kernels(optimized_encoder):
+    root, _ = optimized_encoder
     model = tf.saved_model.load(str(root / "optimized"))
     manifest = next((root / "optimized" / "assets").glob("manifest*.json"))
     before = tf_dietcode.ops.bundle_stats(str(manifest))
@@ -114,8 +97,8 @@ def test_the_optimized_model_runs_tuned_kernels(optimized):
     ({"signature_keys": ["nope"]}, ValueError, "unknown signature"),
     ({"tags": ["train"]}, ValueError, "cannot load"),
 ])
-def test_bad_arguments_fail_clearly_and_write_nothing(optimized, tmp_path, arguments, error, match):
-    root, _ = optimized
+def test_bad_arguments_fail_clearly_and_write_nothing(optimized_encoder, tmp_path, arguments, error, match):
+    root, _ = optimized_encoder
     before = sorted(p.name for p in (root / "original").rglob("*"))
     with pytest.raises(error, match=match):
         tf_dietcode.optimize(root / "original", tmp_path / "out", tuning=TINY_TUNING, **arguments)
@@ -123,12 +106,12 @@ def test_bad_arguments_fail_clearly_and_write_nothing(optimized, tmp_path, argum
     assert sorted(p.name for p in (root / "original").rglob("*")) == before
 
 
-def test_not_a_saved_model_and_existing_output(optimized, tmp_path):
-    root, _ = optimized
+def test_not_a_saved_model_and_existing_output(optimized_encoder, tmp_path):
+    root, _ = optimized_encoder
     with pytest.raises(ValueError, match="not a SavedModel"):
         tf_dietcode.optimize(tmp_path, tmp_path / "out")
     with pytest.raises(FileExistsError, match="overwrite=True"):
-        tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=RANGES, tuning=TINY_TUNING)
+        tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=ENCODER_RANGES, tuning=TINY_TUNING)
 
 
 @pytest.mark.parametrize("equation,lhs,rhs", [

@@ -16,6 +16,7 @@ import tempfile
 
 import tensorflow as tf
 
+from tf_dietcode import serving_warmup
 from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.graph_rewrite import attention_patterns, dense_patterns, rewrite, shape_ranges, signature_graph
 from tf_dietcode.graph_rewrite.graph_index import GraphIndex
@@ -36,6 +37,7 @@ class Report:
     left_alone: list[dense_patterns.LeftAlone]
     workloads: list[Workload]
     output_dir: str | None = None
+    warmup_requests: int = 0                              # in assets.extra/, for TF Serving
 
     def summary(self) -> str:
         lines = [f"signatures: {', '.join(self.signatures)}"]
@@ -50,7 +52,8 @@ class Report:
         lines.append(f"workloads tuned: {len(self.workloads)}")
         lines += [f"  {_describe(w)}" for w in self.workloads]
         if self.output_dir:
-            lines.append(f"written to {self.output_dir}")
+            lines.append(f"written to {self.output_dir}, with {self.warmup_requests} TF Serving warm-up requests "
+                         f"in {serving_warmup.WARMUP_FILE}")
         return "\n".join(lines)
 
 
@@ -179,6 +182,8 @@ class Converter:
             self.build()
         with atomic_directory(output) as staging:
             tf.saved_model.save(self._module(), str(staging), signatures=self._signatures)
+            self.report.warmup_requests = serving_warmup.write(
+                staging / serving_warmup.WARMUP_FILE, {g.key: (g.input_specs, self.ranges[g.key]) for g in self.graphs})
         self.report.output_dir = str(output)
         return self.report
 
