@@ -5,7 +5,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.tf_dietcode-installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean bazel
+
+# Debian's Bazel 4 for the offline check of BUILD (tests/test_bazel_build.py),
+# installed when make runs as root; elsewhere that test skips outside CI.
+bazel:
+	@command -v bazel >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bazel-bootstrap >/dev/null; }
 
 $(INSTALLED): setup.py requirements.txt requirements-dev.txt $(wildcard ops/*.cc ops/*.h)
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +27,7 @@ bench: $(INSTALLED)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.generic_kernels
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.demo
 
-test: $(INSTALLED)
+test: $(INSTALLED) bazel
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests
 
 clean:

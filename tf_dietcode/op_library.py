@@ -3,10 +3,16 @@
 Loading is lazy so that importing tf_dietcode stays cheap; every op wrapper
 calls load_op_library(). A library built for another TensorFlow version is
 refused with a message saying which, instead of failing on a missing symbol.
+
+TF_DIETCODE_OP_LIBRARY names another build of the library to load instead of
+the installed one (its build_info.json beside it), so that a second build,
+such as the sanitized one `make sanitize` tests, runs without replacing the
+library other processes use.
 """
 
 import functools
 import json
+import os
 import pathlib
 import types
 
@@ -14,7 +20,8 @@ import tensorflow as tf
 
 from tf_dietcode import cpu_features
 
-LIBRARY_PATH = pathlib.Path(__file__).resolve().parent / "libtf_dietcode_ops.so"
+LIBRARY_PATH = pathlib.Path(os.environ.get("TF_DIETCODE_OP_LIBRARY")
+                            or pathlib.Path(__file__).parent / "libtf_dietcode_ops.so").resolve()
 BUILD_INFO_PATH = LIBRARY_PATH.parent / "build_info.json"
 REINSTALL_HINT = "rebuild it with `pip install --no-build-isolation --force-reinstall .` in the tf_dietcode source tree"
 
