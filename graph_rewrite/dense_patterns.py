@@ -35,6 +35,10 @@ class DenseMatch:
     activation: str = "none"
     output: str = ""          # the tensor the fused op's result replaces
     out_shape: str | None = None  # a tensor with the output's shape, when the graph computes one
+    source: str = ""          # what x flattens, when the graph flattens it (tensordot); else x
+
+    def __post_init__(self):
+        self.source = self.source or self.x
 
     @property
     def k(self) -> int:
@@ -88,6 +92,7 @@ def _matmul_core(index: GraphIndex, node) -> DenseMatch | LeftAlone:
     if _is_flattened(index, x, node) and unflatten is not None and unflatten.op == "Reshape":
         # The graph's own flattening and unflattening stay; only the product between them is fused.
         match.form, match.output, match.out_shape = "tensordot", f"{unflatten.name}:0", tensor_name(unflatten.input[1])
+        match.source = _flattened_source(index, x)
     elif index.shape(x) is not None and len(index.shape(x)) != 2:
         return LeftAlone(form, node.name, "input is not a matrix")
     return match
@@ -98,6 +103,17 @@ def _is_flattened(index: GraphIndex, x: str, matmul) -> bool:
     matmul of an N-D input by a matrix, which reshape the product back afterwards."""
     flatten = index.producer(x)
     return flatten.op == "Reshape" and index.sole_consumer(flatten.name) is matmul
+
+
+def _flattened_source(index: GraphIndex, x: str) -> str:
+    """The tensor x = Reshape(...) flattens, through tensordot's transpose when it keeps the axes."""
+    flattened = tensor_name(index.producer(x).input[0])
+    transpose = index.producer(flattened)
+    if transpose.op == "Transpose":
+        perm = index.value(transpose.input[1])
+        if perm is not None and list(perm) == list(range(len(perm))):
+            return tensor_name(transpose.input[0])
+    return flattened
 
 
 def _einsum_core(index: GraphIndex, node) -> DenseMatch | LeftAlone:

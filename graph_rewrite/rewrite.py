@@ -4,7 +4,7 @@ Each replacement is written with TF's Python API in a scratch graph (so every
 node is built and typed by TF itself), then spliced in: its placeholders are
 bound to tensors of the graph it goes into, its other nodes renamed under a
 unique prefix, and every reader of the pattern's output reads the
-replacement's node "out" instead. Nodes nothing reads any more are pruned
+replacement's node "out_<i>" for the pattern's i-th output instead. Nodes nothing reads any more are pruned
 when the graph becomes a function again.
 """
 
@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tf_dietcode import ops
 from tf_dietcode.graph_rewrite.attention_patterns import AttentionMatch
-from tf_dietcode.graph_rewrite.dense_patterns import DenseMatch
+from tf_dietcode.graph_rewrite.horizontal_fusion import DenseGroup
 from tf_dietcode.graph_rewrite.graph_index import node_name, tensor_name
 
 BUNDLE_PLACEHOLDER = "dietcode/bundle"
@@ -25,24 +25,36 @@ def _scratch_graph(build) -> tf.compat.v1.GraphDef:
     return graph.as_graph_def()
 
 
-def dense_replacement(match: DenseMatch, packed_n: int) -> tf.compat.v1.GraphDef:
-    """act(x @ W + b) over x's trailing dims, with W pre-packed (packed_n = N) or as stored
-    ([K, N], packed_n = 0); placeholders x, packed (W's variable), bias, bundle and out_shape."""
+def dense_replacement(group: DenseGroup, packed_n: int) -> tf.compat.v1.GraphDef:
+    """act(x @ W + b) over x's trailing dims for a group of layers, W their weights side by side,
+    pre-packed (packed_n = N) or as stored ([K, N], packed_n = 0), split back into each member's
+    output "out_<i>". Placeholders x, packed (W's variable), bias_<i>, out_shape_<i> and bundle."""
     def build():
         x = tf.compat.v1.placeholder(tf.float32, name="x")
         packed = tf.raw_ops.ReadVariableOp(resource=tf.compat.v1.placeholder(tf.resource, name="packed"),
                                            dtype=tf.float32)
-        bias = tf.reshape(tf.compat.v1.placeholder(tf.float32, name="bias"), [-1]) if match.bias else None
+        bias = None
+        if group.has_bias:  # the members' biases side by side, zeros for those without
+            bias = tf.concat([tf.reshape(tf.compat.v1.placeholder(tf.float32, name=f"bias_{i}"), [-1])
+                              if m.bias is not None else tf.zeros([m.n]) for i, m in enumerate(group.members)], 0)
         bundle = tf.compat.v1.placeholder(tf.string, [], name="bundle")
-        flat = match.form != "einsum"  # x is [M, K] already
-        product = ops.fused_matmul(x if flat else tf.reshape(x, [-1, match.k]), packed, bias,
-                                   activation=match.activation, packed_n=packed_n, bundle=bundle,
-                                   name="out" if match.out_shape is None and flat else None)
-        if match.out_shape is not None:
-            tf.reshape(product, tf.compat.v1.placeholder(tf.int32, name="out_shape"), name="out")
-        elif not flat:
-            leading = tf.shape(x)[: -match.contracted]
-            tf.reshape(product, tf.concat([leading, tf.constant(match.out_dims, tf.int32)], 0), name="out")
+        alone = len(group.members) == 1
+        as_is = alone and group.flat and group.members[0].out_shape is None  # the product is the output
+        product = ops.fused_matmul(x if group.flat else tf.reshape(x, [-1, group.k]), packed, bias,
+                                   activation=group.activation, packed_n=packed_n, bundle=bundle,
+                                   name="out_0" if as_is else None)
+        if as_is:
+            return
+        pieces = [product] if alone else tf.split(product, [m.n for m in group.members], axis=1)
+        for i, (member, piece) in enumerate(zip(group.members, pieces)):
+            if member.out_shape is not None:
+                shape = tf.compat.v1.placeholder(tf.int32, name=f"out_shape_{i}")
+            elif member.form == "einsum":
+                shape = tf.concat([tf.shape(x)[: -member.contracted], tf.constant(member.out_dims, tf.int32)], 0)
+            else:
+                tf.identity(piece, name=f"out_{i}")
+                continue
+            tf.reshape(piece, shape, name=f"out_{i}")
     return _scratch_graph(build)
 
 
@@ -65,7 +77,7 @@ def attention_replacement(match: AttentionMatch) -> tf.compat.v1.GraphDef:
         x, x_perm = _operand_layout(x, match.x_perm)
         y, y_perm = _operand_layout(y, match.y_perm)
         options = {"adj_x": match.adj_x, "adj_y": match.adj_y, "alpha": match.alpha, "x_perm": x_perm,
-                   "y_perm": y_perm, "bundle": bundle, "name": "out"}
+                   "y_perm": y_perm, "bundle": bundle, "name": "out_0"}
         if match.addend is not None:
             ops.fused_batch_matmul_add(x, y, tf.compat.v1.placeholder(tf.float32, name="addend"), **options)
         else:
@@ -85,11 +97,12 @@ def add_string_constant(graph_def: tf.compat.v1.GraphDef, name: str, value: str)
 
 
 def splice(graph_def: tf.compat.v1.GraphDef, replacement: tf.compat.v1.GraphDef, bound: dict[str, str | None],
-           prefix: str, old_output: str, replaced: dict[str, str]) -> str:
-    """Adds `replacement` (its placeholders bound to tensors by name) and rewires old_output's readers.
+           prefix: str, outputs: dict[str, str], replaced: dict[str, str]) -> dict[str, str]:
+    """Adds `replacement` (its placeholders bound to tensors by name) and rewires the readers of
+    each old output to the replacement's node `outputs[old output]`.
 
     `replaced` maps the outputs of patterns spliced before to their replacements
-    (a bound tensor may be one) and gains this pattern's entry. Returns the new output.
+    (a bound tensor may be one) and gains this pattern's entries, which are returned.
     """
     bound = {name: replaced.get(tensor, tensor) for name, tensor in bound.items()}
 
@@ -107,9 +120,9 @@ def splice(graph_def: tf.compat.v1.GraphDef, replacement: tf.compat.v1.GraphDef,
         new.CopyFrom(node)
         new.name = f"{prefix}/{node.name}"
         new.input[:] = [rename(i) for i in node.input]
-    output, old = f"{prefix}/out:0", tensor_name(old_output)
+    new_outputs = {tensor_name(old): f"{prefix}/{node}:0" for old, node in outputs.items()}
     for node in graph_def.node:
         if not node.name.startswith(prefix + "/"):
-            node.input[:] = [output if tensor_name(i) == old else i for i in node.input]
-    replaced[old] = output
-    return output
+            node.input[:] = [new_outputs.get(tensor_name(i), i) for i in node.input]
+    replaced.update(new_outputs)
+    return new_outputs

@@ -81,7 +81,8 @@ def corner_shapes(function, specs: dict[str, tf.TensorSpec], ranges: DimRanges) 
     return {name: (corners[0][name], corners[1][name]) for name in corners[0]}
 
 
-def row_range(corners: tuple[list, list], contracted: int) -> tuple[int, int]:
-    """(lo, hi) of M = the product of a layer input's leading dims (its last `contracted` are K)."""
-    lo, hi = (math.prod(shape[: len(shape) - contracted]) for shape in corners)
+def row_range(corners: tuple[list, list], k: int) -> tuple[int, int]:
+    """(lo, hi) of M = the number of K-element rows in a layer's input (however its trailing
+    dims make up K)."""
+    lo, hi = (math.prod(shape) // k for shape in corners)
     return min(lo, hi), max(lo, hi)

@@ -32,11 +32,14 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
 
 def test_optimize_a_saved_model(tmp_path, capsys):
     inputs = keras.Input((None, 16), name="x")
-    keras.Model(inputs, keras.layers.Dense(8, activation="relu")(inputs)).export(str(tmp_path / "in"), verbose=False)
+    outputs = keras.layers.Concatenate()([keras.layers.Dense(n, activation="relu")(inputs) for n in (8, 4)])
+    keras.Model(inputs, outputs).export(str(tmp_path / "in"), verbose=False)
     arguments = ["optimize", "--dir", str(tmp_path / "in"), "--output_dir", str(tmp_path / "out"),
-                 "--shape_range", "x=1:2,1:10,16", "--signature_def", "serving_default", "--trials", "3", "--quick"]
+                 "--shape_range", "x=1:2,1:10,16", "--signature_def", "serving_default", "--trials", "3", "--quick",
+                 "--no_horizontal_fusion"]
     assert cli.main(arguments) == 0
-    assert "dense (tensordot): 1 / 1" in capsys.readouterr().out
+    summary = capsys.readouterr().out
+    assert "dense (tensordot): 2 / 2" in summary and "0 GEMMs sharing an input merged into 0" in summary
     x = np.ones((2, 7, 16), np.float32)
     np.testing.assert_allclose(tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"](x=x)["output_0"],
                                tf.saved_model.load(str(tmp_path / "in")).signatures["serving_default"](x=x)["output_0"],

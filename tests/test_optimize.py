@@ -30,7 +30,10 @@ def test_every_dense_form_is_found_and_fused(optimized_encoder):
     assert dict(report.found) == {"tensordot": 4, "einsum": 8, "matmul": 2, "attention (einsum)": 4}
     assert report.fused == report.found
     dense = [w for w in report.workloads if w.kind == "dense"]
-    assert sorted(w.activation for w in dense) == ["gelu", "none", "none", "relu"]  # Q/K/V share one workload
+    # Q/K/V read the same input: one GEMM over their weights side by side (N = 3 x 32)
+    assert sorted((w.activation, w.n.lo, w.k.lo) for w in dense) == [
+        ("gelu", 64, 32), ("none", 32, 32), ("none", 32, 64), ("none", 96, 32), ("relu", 8, 32)]
+    assert report.merged == (6, 2) and "6 GEMMs sharing an input merged into 2" in report.summary()
     assert {w.m.hi for w in dense} == {24, 2}     # 2 x 12 rows, and 2 rows after the slice
     # Attention's products over batch x heads = 2..4: scores [T, 16] x [T, 16]^T, context [T, T] x [T, 16]
     products = {(w.transpose_b, w.b, w.m, w.n, w.k, w.ties) for w in report.workloads if w.kind == "batch_matmul"}
@@ -83,10 +86,10 @@ def test_the_optimized_model_runs_tuned_kernels(optimized_encoder):
     assert after["problem"] == ""
     assert after["generic_calls"] == before["generic_calls"]
     assert sum(map(sum, (w["calls"] for w in after["workloads"]))) - \
-        sum(map(sum, (w["calls"] for w in before["workloads"]))) == 9  # every dense layer, both attention products
+        sum(map(sum, (w["calls"] for w in before["workloads"]))) == 7  # 4 dense GEMMs (Q/K/V as one), 2 products
     packed = {v.name for v in tf.train.TrackableView(model).descendants()
               if isinstance(v, tf.Variable) and v.name.startswith("dietcode_weight")}
-    assert len(packed) == 7  # one per layer, shared by both signatures
+    assert len(packed) == 5  # one per GEMM, shared by both signatures
 
 
 @pytest.mark.parametrize("arguments,error,match", [

@@ -18,7 +18,8 @@ import tensorflow as tf
 
 from tf_dietcode import serving_warmup
 from tf_dietcode.atomic_output import atomic_directory
-from tf_dietcode.graph_rewrite import attention_patterns, dense_patterns, rewrite, shape_ranges, signature_graph
+from tf_dietcode.graph_rewrite import (attention_patterns, dense_patterns, horizontal_fusion, rewrite, shape_ranges,
+                                       signature_graph)
 from tf_dietcode.graph_rewrite.graph_index import GraphIndex
 from tf_dietcode.op_library import load_op_library
 from tf_dietcode.tuning import bundle as kernel_bundle
@@ -36,6 +37,7 @@ class Report:
     fused: collections.Counter
     left_alone: list[dense_patterns.LeftAlone]
     workloads: list[Workload]
+    merged: tuple[int, int] = (0, 0)                      # GEMMs merged by horizontal fusion, into how many
     output_dir: str | None = None
     warmup_requests: int = 0                              # in assets.extra/, for TF Serving
 
@@ -49,6 +51,7 @@ class Report:
         lines += [f"  {form if form.startswith('attention') else f'dense ({form})'}: {count} / {self.fused[form]}"
                   for form, count in sorted(self.found.items())]
         lines += [f"  left alone: {p.form} {p.node}: {p.reason}" for p in self.left_alone]
+        lines.append("horizontal fusion: {} GEMMs sharing an input merged into {}".format(*self.merged))
         lines.append(f"workloads tuned: {len(self.workloads)}")
         lines += [f"  {_describe(w)}" for w in self.workloads]
         if self.output_dir:
@@ -57,9 +60,9 @@ class Report:
         return "\n".join(lines)
 
 
-def _dense_workload(match: dense_patterns.DenseMatch, rows: tuple[int, int]) -> Workload:
-    return Workload("dense", (max(rows[0], 1), max(rows[1], 1)), match.n, match.k,
-                    bias=match.bias is not None, activation=match.activation)
+def _dense_workload(layer: horizontal_fusion.DenseGroup, rows: tuple[int, int]) -> Workload:
+    return Workload("dense", (max(rows[0], 1), max(rows[1], 1)), layer.n, layer.k,
+                    bias=layer.has_bias, activation=layer.activation)
 
 
 def _attention_workload(match: attention_patterns.AttentionMatch, lowest: dict, highest: dict) -> Workload:
@@ -93,12 +96,13 @@ class Converter:
 
     def __init__(self, input_saved_model_dir: str | pathlib.Path, *, tags=("serve",),
                  signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
-                 tuning: search.SearchOptions = search.SearchOptions(), database=None):
+                 tuning: search.SearchOptions = search.SearchOptions(), database=None,
+                 horizontal_fusion: bool = True):
         self.input_dir = pathlib.Path(input_saved_model_dir)
         if not tf.saved_model.contains_saved_model(str(self.input_dir)):
             raise ValueError(f"{self.input_dir} is not a SavedModel directory")
         self.tags, self.signature_keys, self.shape_ranges = list(tags), signature_keys, shape_ranges
-        self.tuning, self.database = tuning, database
+        self.tuning, self.database, self.horizontal_fusion = tuning, database, horizontal_fusion
         self._converted = self._built = False
         self._bundle_dir: pathlib.Path | None = None
 
@@ -121,13 +125,15 @@ class Converter:
             captured = {name: variables[id(t)].numpy() for name, t in graph.captures.items() if id(t) in variables}
             index = GraphIndex(graph.graph_def, captured)
             matches, left_alone = dense_patterns.find(index)
-            self.matches[graph.key], left = matches, left + left_alone
+            self.matches[graph.key], left = horizontal_fusion.group(matches, self.horizontal_fusion), left + left_alone
             self.attention[graph.key] = attention_patterns.find(index)
             found.update(m.form for m in [*matches, *self.attention[graph.key]])
             self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges)
             notes += [f"{graph.key}: {note}" for note in graph_notes]
         self._variables = variables
-        self.report = Report(keys, self.ranges, notes, found, collections.Counter(), left, [])
+        groups = [g for layers in self.matches.values() for g in layers if len(g.members) > 1]
+        self.report = Report(keys, self.ranges, notes, found, collections.Counter(), left, [],
+                             merged=(sum(len(g.members) for g in groups), len(groups)))
         self._converted = True
         return self
 
@@ -152,9 +158,9 @@ class Converter:
             operands = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, tensors,
                                                       graph.captures, graph.graph_def).function()
             corners = shape_ranges.corner_shapes(operands, graph.input_specs, self.ranges[graph.key])
-            for i, match in enumerate(dense_matches):
-                self._workloads[(graph.key, match.core)] = _dense_workload(
-                    match, shape_ranges.row_range(corners[f"dense_{i}"], match.contracted))
+            for i, layer in enumerate(dense_matches):
+                self._workloads[(graph.key, layer.core)] = _dense_workload(
+                    layer, shape_ranges.row_range(corners[f"dense_{i}"], layer.k))
             for i, match in enumerate(products):
                 dims = [attention_patterns.product_dims(match, x, y) for x, y in zip(corners[f"x_{i}"],
                                                                                      corners[f"y_{i}"])]
@@ -176,8 +182,10 @@ class Converter:
         output = pathlib.Path(output_saved_model_dir).absolute()
         if output.exists() and not overwrite:
             raise FileExistsError(f"{output} exists; pass overwrite=True to replace it")
-        if output.resolve() == self.input_dir.resolve():
-            raise ValueError("the output directory must differ from the input (the input is never modified)")
+        resolved, source = output.resolve(), self.input_dir.resolve()
+        if resolved == source or source in resolved.parents or resolved in source.parents:
+            raise ValueError("the output directory must neither be, hold nor sit inside the input "
+                             "(the input is never modified)")
         if not self._built:
             self.build()
         with atomic_directory(output) as staging:
@@ -222,26 +230,28 @@ class Converter:
         replaced: dict[str, str] = {}
         bundle = f"{rewrite.BUNDLE_PLACEHOLDER}:0"
 
-        def splice(match, replacement, bound, prefix):
-            output = rewrite.splice(graph_def, replacement, bound, prefix, match.output, replaced)
-            outputs.update({k: output for k, v in outputs.items() if v == match.output})
-            self.report.fused[match.form] += 1
+        def splice(matches, replacement, bound, prefix):
+            new = rewrite.splice(graph_def, replacement, bound, prefix,
+                                 {m.output: f"out_{i}" for i, m in enumerate(matches)}, replaced)
+            outputs.update({k: new[v] for k, v in outputs.items() if v in new})
+            self.report.fused.update(m.form for m in matches)
 
-        for i, match in enumerate(dense_matches):
+        for i, layer in enumerate(dense_matches):
             placeholder = f"dietcode/packed_{i}"
             rewrite.add_placeholder(graph_def, placeholder, tf.resource)
-            weight, packed_n = self._weight_operand(match, self._workloads[(graph.key, match.core)], module)
+            weight, packed_n = self._weight_operand(layer, self._workloads[(graph.key, layer.core)], module)
             captures[placeholder] = weight.handle
-            splice(match, rewrite.dense_replacement(match, packed_n),
-                   {"x": match.x, "packed": f"{placeholder}:0", "bias": match.bias, "bundle": bundle,
-                    "out_shape": match.out_shape}, f"dietcode/dense_{i}")
+            members = {f"{name}_{j}": tensor for j, m in enumerate(layer.members)
+                       for name, tensor in (("bias", m.bias), ("out_shape", m.out_shape))}
+            splice(layer.members, rewrite.dense_replacement(layer, packed_n),
+                   {"x": layer.x, "packed": f"{placeholder}:0", "bundle": bundle, **members}, f"dietcode/dense_{i}")
         for i, match in enumerate(attention_matches):
-            splice(match, rewrite.attention_replacement(match),
+            splice([match], rewrite.attention_replacement(match),
                    {"x": match.x, "y": match.y, "addend": match.addend, "bundle": bundle}, f"dietcode/attention_{i}")
         return signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, outputs,
                                               captures, graph_def)
 
-    def _weight_operand(self, match: dense_patterns.DenseMatch, workload: Workload,
+    def _weight_operand(self, match: horizontal_fusion.DenseGroup, workload: Workload,
                         module: tf.Module) -> tuple[tf.Variable, int]:
         """The layer's weight in its kernels' layout, as a variable (one per distinct weight and
         layout), and the op's packed_n (0: read in place as [K, N])."""
@@ -258,9 +268,14 @@ class Converter:
 def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: str | pathlib.Path, *,
              tags=("serve",), signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
              input_fn=None, tuning: search.SearchOptions = search.SearchOptions(), database=None,
-             overwrite: bool = False) -> Report:
-    """Optimizes a SavedModel for the given shape ranges (or representative inputs); returns the report."""
+             horizontal_fusion: bool = True, overwrite: bool = False) -> Report:
+    """Optimizes a SavedModel for the given shape ranges (or representative inputs); returns the report.
+
+    horizontal_fusion: dense layers that read the same input (attention's query, key and value
+    projections) run as one GEMM over their concatenated weights.
+    """
     converter = Converter(input_saved_model_dir, tags=tags, signature_keys=signature_keys,
-                          shape_ranges=shape_ranges, tuning=tuning, database=database)
+                          shape_ranges=shape_ranges, tuning=tuning, database=database,
+                          horizontal_fusion=horizontal_fusion)
     converter.convert().build(input_fn)
     return converter.save(output_saved_model_dir, overwrite=overwrite)

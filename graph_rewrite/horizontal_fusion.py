@@ -1,0 +1,77 @@
+"""Horizontal fusion: dense layers that read the same input become one GEMM.
+
+In a Transformer the query, key and value projections read the same hidden
+states; with their weights concatenated, [M, K] x [K, 3N] is one product
+whose bigger N keeps every core busy at small M, and one call replaces
+three. The product is split back into each layer's output afterwards.
+
+Every dense layer the rewriter emits is a DenseGroup: a lone layer is a group
+of one, so one replacement serves both.
+"""
+
+import collections
+import dataclasses
+import functools
+
+import numpy as np
+
+from tf_dietcode.graph_rewrite.dense_patterns import DenseMatch
+
+
+@dataclasses.dataclass
+class DenseGroup:
+    """Dense layers over one input with one activation: act(x @ [W_1 ... W_n] + [b_1 ... b_n])."""
+    members: tuple[DenseMatch, ...]
+
+    @property
+    def core(self) -> str:
+        return "+".join(m.core for m in self.members)
+
+    @property
+    def flat(self) -> bool:
+        """Every member reads the same x as a matrix [M, K]."""
+        return len({m.x for m in self.members}) == 1 and all(m.form != "einsum" for m in self.members)
+
+    @property
+    def x(self) -> str:
+        """The members' input: their x if they share it, else what their x's flatten
+        (Keras Dense layers on N-D input each flatten the same tensor)."""
+        return self.members[0].x if len({m.x for m in self.members}) == 1 else self.members[0].source
+
+    @property
+    def contracted(self) -> int:
+        return self.members[0].contracted
+
+    @property
+    def activation(self) -> str:
+        return self.members[0].activation
+
+    @property
+    def has_bias(self) -> bool:
+        return any(m.bias is not None for m in self.members)
+
+    @functools.cached_property
+    def weight(self) -> np.ndarray:
+        """[K, sum of the members' N]."""
+        if len(self.members) == 1:
+            return self.members[0].weight
+        return np.ascontiguousarray(np.concatenate([m.weight for m in self.members], axis=1))
+
+    @property
+    def k(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.weight.shape[1]
+
+
+def group(matches: list[DenseMatch], fuse: bool = True) -> list[DenseGroup]:
+    """The layers as groups, in the matches' order: with `fuse`, layers with the same input,
+    contracted dims and activation share one group; without, each is its own."""
+    if not fuse:
+        return [DenseGroup((m,)) for m in matches]
+    groups = collections.defaultdict(list)
+    for match in matches:
+        groups[(match.source, match.contracted, match.activation)].append(match)
+    return [DenseGroup(tuple(members)) for members in groups.values()]

@@ -1,0 +1,83 @@
+"""Horizontal fusion in optimize(): dense layers that read the same tensor run as one GEMM
+over their concatenated weights, split back per layer; outputs equal the unfused model's
+and the original's, every signature, in and outside the tuned range."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dietcode
+from tf_dietcode.tuning import search
+
+from conftest import TINY_TUNING_OPTIONS
+
+
+def shared_input_model():
+    """On one hidden tensor h: Dense relu (bias) and Dense relu (no bias) -> grouped; Dense linear
+    and attention's Q/K/V einsums (linear) -> grouped across forms; Dense tanh -> alone."""
+    keras.utils.set_random_seed(1)
+    x = keras.Input((None, 16), name="x")
+    h = keras.layers.Dense(16)(x)
+    a = keras.layers.Dense(24, activation="relu")(h)
+    b = keras.layers.Dense(8, activation="relu", use_bias=False)(h)
+    c = keras.layers.Dense(12)(h)
+    d = keras.layers.Dense(4, activation="tanh")(h)
+    attended = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)(h, h)
+    joined = keras.layers.Concatenate()([a, b, c, d, attended])
+    return keras.Model(x, joined)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("horizontal")
+    shared_input_model().export(str(root / "original"), verbose=False)
+    tuning = search.SearchOptions(**TINY_TUNING_OPTIONS)
+    reports = {fuse: tf_dietcode.optimize(root / "original", root / f"fused_{fuse}", horizontal_fusion=fuse,
+                                          shape_ranges={"x": [(1, 2), (1, 9), 16]}, tuning=tuning)
+               for fuse in (True, False)}
+    return root, reports
+
+
+def test_layers_sharing_an_input_are_merged_per_activation(models):
+    _, reports = models
+    fused, unfused = reports[True], reports[False]
+    assert fused.found == unfused.found and fused.fused == fused.found == unfused.fused
+    # per signature: {a, b} (relu) and {c, q, k, v} (linear) merge; d (tanh) and h stay alone
+    assert fused.merged == (12, 4) and unfused.merged == (0, 0)
+    dense = sorted((w.activation, w.n.lo, w.k.lo, w.bias) for w in fused.workloads if w.kind == "dense")
+    assert ("relu", 32, 16, True) in dense           # 24 + 8 columns; b's missing bias is zeros
+    assert ("none", 12 + 3 * 16, 16, True) in dense  # c, and Q, K, V with 2 heads x 8
+    assert ("tanh", 4, 16, True) in dense
+    assert "horizontal fusion: 12 GEMMs sharing an input merged into 4" in fused.summary()
+
+
+def test_outputs_equal_with_and_without_fusion_every_signature(models, rng):
+    root, _ = models
+    loaded = {name: tf.saved_model.load(str(root / name)).signatures
+              for name in ("original", "fused_True", "fused_False")}
+    for key in ("serve", "serving_default"):
+        for batch, t in [(1, 1), (2, 5), (2, 9), (1, 10), (3, 23)]:  # the last two outside the range
+            x = rng.uniform(-1, 1, (batch, t, 16)).astype(np.float32)
+            outputs = {name: signatures[key](x=x)["output_0"].numpy() for name, signatures in loaded.items()}
+            scale = np.abs(outputs["original"]).max()
+            for name in ("fused_True", "fused_False"):
+                np.testing.assert_allclose(outputs[name], outputs["original"], rtol=1e-5, atol=1e-5 * scale,
+                                           err_msg=f"{name} {key} {batch}x{t}")
+            np.testing.assert_allclose(outputs["fused_True"], outputs["fused_False"], rtol=1e-5,
+                                       atol=1e-5 * scale)
+
+
+def test_fused_model_runs_fewer_gemms(models):
+    root, _ = models
+    calls = {}
+    for fuse in (True, False):
+        model = tf.saved_model.load(str(root / f"fused_{fuse}"))
+        manifest = str(next((root / f"fused_{fuse}" / "assets").glob("manifest*.json")))
+        before = tf_dietcode.ops.bundle_stats(manifest)
+        model.signatures["serving_default"](x=np.ones((1, 4, 16), np.float32))
+        after = tf_dietcode.ops.bundle_stats(manifest)
+        calls[fuse] = (sum(map(sum, (w["calls"] for w in after["workloads"]))) + after["generic_calls"]
+                       - sum(map(sum, (w["calls"] for w in before["workloads"]))) - before["generic_calls"])
+    # dense GEMMs: h, {a, b}, {c, q, k, v}, d, attention output = 5 fused vs 9; plus 2 attention products
+    assert calls == {True: 7, False: 11}
