@@ -7,6 +7,8 @@ Keras 3 layers, exports it, optimizes it with tf_dietcode.optimize() for
 batch 1..max(batches) and T in [1, 128], and times at every (batch, T):
 - tensorflow: the original SavedModel's signature on stock TF (oneDNN on);
 - dietcode: the optimized SavedModel;
+- dietcode_unfused: optimized without horizontal fusion (Q, K and V as three
+  GEMMs; tuned from the same database, so only the merged GEMM adds tuning);
 - xla: the original signature inside tf.function(jit_compile=True), steady
   state (each new shape's compilation happens in the warm-up call);
 - onnxruntime: the original converted with tf2onnx, run by ONNX Runtime;
@@ -39,7 +41,7 @@ from tf_dietcode.tuning.database import Database  # noqa: E402
 
 MODEL = encoder.BERT_BASE
 SECONDS_PER_CELL = 20.0
-TOLERANCE = {"dietcode": 1e-4, "xla": 1e-3, "onnxruntime": 1e-3}
+TOLERANCE = {"dietcode": 1e-4, "dietcode_unfused": 1e-4, "xla": 1e-3, "onnxruntime": 1e-3}
 
 
 def token_ids(batch: int, t: int) -> np.ndarray:
@@ -80,11 +82,11 @@ def onednn_off_worker(saved_model: str, cells: list[tuple[int, int]], out: pathl
 
 
 def optimize(original: pathlib.Path, optimized: pathlib.Path, batches: list[int], quick: bool,
-             out: pathlib.Path) -> None:
+             out: pathlib.Path, horizontal_fusion: bool) -> None:
     started = time.perf_counter()
     result = tf_dietcode.optimize(original, optimized,
                                   shape_ranges={"input_ids": [(min(batches), max(batches)), (1, MODEL.max_length)]},
-                                  tuning=cli.search_options(quick),
+                                  tuning=cli.search_options(quick), horizontal_fusion=horizontal_fusion,
                                   database=Database(out / "tuning.jsonl"), overwrite=True)
     print(result.summary())
     print(f"optimize() took {time.perf_counter() - started:.0f} s")
@@ -100,18 +102,20 @@ def main(argv=None):
         return onednn_off_worker(args.onednn_off_worker, args.cells, args.out)
     use_threads()
     args.out.mkdir(parents=True, exist_ok=True)
-    original, optimized = args.out / "original", args.out / "optimized"
+    original, optimized, unfused = (args.out / name for name in ("original", "optimized", "optimized_unfused"))
     shutil.rmtree(original, ignore_errors=True)
     encoder.build(MODEL).export(str(original), verbose=False)
-    optimize(original, optimized, args.batches, args.quick, args.out)
+    for path, fuse in ((optimized, True), (unfused, False)):
+        optimize(original, path, args.batches, args.quick, args.out, horizontal_fusion=fuse)
     cells = [(b, t) for b in args.batches for t in cli.sequence_lengths(args.quick)]
     off = onednn_off_seconds(original, cells, args.out)
 
-    models = [tf.saved_model.load(str(path)) for path in (original, optimized)]  # kept alive
-    before, after = (model.signatures["serving_default"] for model in models)
+    models = [tf.saved_model.load(str(path)) for path in (original, optimized, unfused)]  # kept alive
+    before, after, after_unfused = (model.signatures["serving_default"] for model in models)
     xla = tf.function(lambda ids: before(input_ids=ids)["output_0"], jit_compile=True)
     peers = {"tensorflow": lambda ids: before(input_ids=tf.constant(ids))["output_0"].numpy(),
              "dietcode": lambda ids: after(input_ids=tf.constant(ids))["output_0"].numpy(),
+             "dietcode_unfused": lambda ids: after_unfused(input_ids=tf.constant(ids))["output_0"].numpy(),
              "xla": lambda ids: xla(tf.constant(ids)).numpy(),
              "onnxruntime": onnx_session(original, args.out / "original.onnx")}
     rows = []
