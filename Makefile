@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.tf_dietcode-installed
 
-.PHONY: demo test bench clean bazel
+.PHONY: demo test bench clean bazel sanitize
 
 # Debian's Bazel 4 for the offline check of BUILD (tests/test_bazel_build.py),
 # installed when make runs as root; elsewhere that test skips outside CI.
@@ -29,6 +29,10 @@ bench: $(INSTALLED)
 
 test: $(INSTALLED) bazel
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests
+
+# The op tests against an AddressSanitizer + UBSan build of the op library (build/asan/).
+sanitize: $(INSTALLED)
+	tests/sanitizers/run.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info tf_dietcode/*.so tf_dietcode/build_info.json

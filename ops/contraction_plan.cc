@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tensorflow/core/platform/errors.h"
+#include "tensorflow/core/util/overflow.h"
 
 namespace tf_dietcode {
 namespace {
@@ -24,11 +25,14 @@ std::string Show(const Dims& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
 }
 
-// Row-major element strides of a dense tensor with `dims`.
+// Row-major element strides of a dense tensor with `dims`. An empty tensor's
+// dims may multiply past int64 (e.g. [0, 2^40, 2^40]); its strides are never
+// used, so they wrap (unsigned) rather than overflow.
 Dims DenseStrides(const Dims& dims) {
   Dims strides(dims.size(), 1);
   for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {
-    strides[i] = strides[i + 1] * dims[i + 1];
+    strides[i] = static_cast<int64_t>(static_cast<uint64_t>(strides[i + 1]) *
+                                      static_cast<uint64_t>(dims[i + 1]));
   }
   return strides;
 }
@@ -190,20 +194,37 @@ Status PlanBatchMatMul(const TensorShape& x, const TensorShape& y,
   product.push_back(plan->n);
   const size_t nb = batch.size();
 
+  // The output: the product's axes permuted by `perm` (identity if empty).
+  Dims out_dims = product;
+  if (!perm.empty()) {
+    TF_RETURN_IF_ERROR(
+        ValidatePermutation(perm, static_cast<int>(product.size()), "perm"));
+    for (size_t i = 0; i < perm.size(); ++i) out_dims[i] = product[perm[i]];
+  }
+  // Empty operands may have dims whose product overflows: an error, as in TF.
+  TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(out_dims, &plan->out_shape));
+
+  Dims addend_strides;
+  plan->alpha = alpha;
+  plan->has_addend = addend != nullptr;
+  if (addend != nullptr) {
+    const Dims ad = DimsOf(*addend);
+    if (!BroadcastStrides(ad, DenseStrides(ad), product, &addend_strides)) {
+      return InvalidArgument("addend ", Show(ad),
+                             " does not broadcast to the product ",
+                             Show(product));
+    }
+  }
+  // Nothing to place: an empty output's batch may still be huge.
+  if (plan->out_shape.num_elements() == 0) return Status();
+
   Dims strides;
   BroadcastStrides(xb, Head(xs, xr - 2), batch, &strides);
   plan->a_offsets = Offsets(batch, strides);
   BroadcastStrides(yb, Head(ys, yr - 2), batch, &strides);
   plan->b_offsets = Offsets(batch, strides);
-
-  // Output placement: the product's axes permuted by `perm` (identity if
-  // empty). product_strides[j] is the output stride of product axis j.
-  Dims out_dims = product;
-  Dims product_strides = DenseStrides(product);
+  Dims product_strides = DenseStrides(product);  // [j]: product axis j's, in the output
   if (!perm.empty()) {
-    TF_RETURN_IF_ERROR(
-        ValidatePermutation(perm, static_cast<int>(product.size()), "perm"));
-    for (size_t i = 0; i < perm.size(); ++i) out_dims[i] = product[perm[i]];
     const Dims out_strides = DenseStrides(out_dims);
     for (size_t i = 0; i < perm.size(); ++i) {
       product_strides[perm[i]] = out_strides[i];
@@ -212,21 +233,10 @@ Status PlanBatchMatMul(const TensorShape& x, const TensorShape& y,
   plan->out_offsets = Offsets(batch, Head(product_strides, nb));
   plan->out_row_stride = product_strides[nb];
   plan->out_col_stride = product_strides[nb + 1];
-  plan->out_shape = TensorShape();
-  for (int64_t d : out_dims) plan->out_shape.AddDim(d);
-
-  plan->alpha = alpha;
-  plan->has_addend = addend != nullptr;
   if (addend != nullptr) {
-    const Dims ad = DimsOf(*addend);
-    if (!BroadcastStrides(ad, DenseStrides(ad), product, &strides)) {
-      return InvalidArgument("addend ", Show(ad),
-                             " does not broadcast to the product ",
-                             Show(product));
-    }
-    plan->addend_offsets = Offsets(batch, Head(strides, nb));
-    plan->addend_row_stride = strides[nb];
-    plan->addend_col_stride = strides[nb + 1];
+    plan->addend_offsets = Offsets(batch, Head(addend_strides, nb));
+    plan->addend_row_stride = addend_strides[nb];
+    plan->addend_col_stride = addend_strides[nb + 1];
   }
   return Status();
 }
@@ -249,10 +259,10 @@ Status PlanMatMul(const TensorShape& a, const TensorShape& b,
                              "transpose_b must be false");
     }
     const int64_t tile_n = b.dim_size(2);
-    if (b.dim_size(0) * tile_n < packed_n) {
-      return InvalidArgument("packed b ", b.DebugString(), " holds ",
-                             b.dim_size(0) * tile_n, " columns, fewer than ",
-                             "packed_n=", packed_n);
+    const int64_t columns = tensorflow::MultiplyWithoutOverflow(b.dim_size(0), tile_n);
+    if (columns < packed_n) {  // -1 on overflow: an empty b of huge dims
+      return InvalidArgument("packed b ", b.DebugString(), " holds ", columns,
+                             " columns, fewer than packed_n=", packed_n);
     }
     logical_b = TensorShape({b.dim_size(1), packed_n});
   }

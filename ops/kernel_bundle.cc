@@ -1,7 +1,10 @@
 #include "kernel_bundle.h"
 
 #include <dlfcn.h>
+#include <elf.h>
+#include <sys/stat.h>
 
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -41,7 +44,11 @@ template <typename T>
 T Field(const json::Object& object, const char* name) {
   auto value = object.Get(String(name));
   if (!value.has_value()) Reject(absl::StrCat("manifest lacks '", name, "'"));
-  return value->cast<T>();  // a wrong type throws tvm::ffi::Error
+  try {
+    return value->cast<T>();
+  } catch (const std::exception& e) {  // tvm::ffi::Error: another type
+    Reject(absl::StrCat("manifest field '", name, "': ", e.what()));
+  }
 }
 
 std::string ReadFile(const std::string& path) {
@@ -59,6 +66,36 @@ std::string Sha256Hex(const std::string& data) {
   std::string hex;
   for (unsigned char byte : digest) absl::StrAppend(&hex, absl::Hex(byte, absl::kZeroPad2));
   return hex;
+}
+
+// A library cut short past its program headers still loads, but its mapped
+// segments end at the file's end: running code beyond it raises SIGBUS. So
+// every loadable segment must lie inside the file.
+void CheckLoadable(const std::string& data, const std::string& path) {
+  Elf64_Ehdr header;
+  if (data.size() < sizeof header ||
+      std::memcmp(data.data(), ELFMAG, SELFMAG) != 0 ||
+      data[EI_CLASS] != ELFCLASS64) {
+    Reject(absl::StrCat(path, " is not a 64-bit ELF library"));
+  }
+  std::memcpy(&header, data.data(), sizeof header);
+  const auto inside = [&](uint64_t offset, uint64_t size) {
+    return size <= data.size() && offset <= data.size() - size;
+  };
+  if (header.e_phentsize != sizeof(Elf64_Phdr) ||
+      !inside(header.e_phoff, uint64_t{header.e_phnum} * sizeof(Elf64_Phdr))) {
+    Reject(absl::StrCat(path, " is truncated (program headers)"));
+  }
+  for (int i = 0; i < header.e_phnum; ++i) {
+    Elf64_Phdr segment;
+    std::memcpy(&segment, data.data() + header.e_phoff + i * sizeof segment,
+                sizeof segment);
+    if (segment.p_type == PT_LOAD && !inside(segment.p_offset, segment.p_filesz)) {
+      Reject(absl::StrCat(path, " is truncated: a segment ends at byte ",
+                          segment.p_offset + segment.p_filesz, " of ",
+                          data.size()));
+    }
+  }
 }
 
 std::string MajorMinor(const std::string& version) {
@@ -183,10 +220,12 @@ std::shared_ptr<const KernelBundle> KernelBundle::Get(const std::string& path) {
 
 void KernelBundle::Load() {
   try {
-    std::string manifest_path = path_;
-    if (std::ifstream(path_ + "/" + kManifest)) {
-      manifest_path = absl::StrCat(path_, "/", kManifest);
-    }
+    // A directory holds the manifest (so an unreadable one is named as such).
+    struct stat info;
+    const std::string manifest_path =
+        stat(path_.c_str(), &info) == 0 && S_ISDIR(info.st_mode)
+            ? absl::StrCat(path_, "/", kManifest)
+            : path_;
     const std::string directory =
         manifest_path.substr(0, manifest_path.find_last_of('/') + 1);
     String parse_error;
@@ -220,10 +259,12 @@ void KernelBundle::Load() {
                           TF_DIETCODE_TVM_VERSION));
     }
     const std::string library = directory + std::string(Field<String>(manifest, "library"));
-    if (Sha256Hex(ReadFile(library)) != std::string(Field<String>(manifest, "sha256"))) {
+    const std::string library_data = ReadFile(library);
+    if (Sha256Hex(library_data) != std::string(Field<String>(manifest, "sha256"))) {
       Reject(absl::StrCat(library, " does not match the manifest's SHA-256 ",
                           "(corrupted or replaced)"));
     }
+    CheckLoadable(library_data, library);
 
     ExposeTvmFfiSymbols();
     const tvm::ffi::Module module = tvm::ffi::Module::LoadFromFile(library);

@@ -1,5 +1,9 @@
 """Bundles and optimized models appear whole or not at all."""
 
+import signal
+import subprocess
+import sys
+
 import pytest
 
 from tf_dietcode.atomic_output import atomic_directory
@@ -26,3 +30,57 @@ def test_success_replaces_the_output_in_one_step(tmp_path):
         (staging / "new").write_text("whole")
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
     assert [p.name for p in target.iterdir()] == ["new"]
+
+
+KILLED_AT_STEP = """
+import os, pathlib, signal, sys
+from tf_dietcode.atomic_output import atomic_directory
+
+target, step = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+steps = 0
+
+def killing(change):
+    def counted(*args, **kwargs):
+        global steps
+        steps += 1
+        if steps == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return change(*args, **kwargs)
+    return counted
+
+with atomic_directory(target) as staging:
+    for name, text in {"saved_model.pb": "new", "variables/data": "new", "assets/kernels.so": "new"}.items():
+        (staging / name).parent.mkdir(exist_ok=True)
+        (staging / name).write_text(text)
+    for name in ("rename", "replace", "unlink", "rmdir", "remove"):
+        setattr(os, name, killing(getattr(os, name)))
+"""
+
+
+def tree(path):
+    return {str(p.relative_to(path)): p.read_text() for p in path.rglob("*") if p.is_file()}
+
+
+def test_killed_at_any_step_of_a_replacement_the_old_output_survives_whole(tmp_path):
+    """The process is killed at its first, second, ... change to the file system after the
+    staging directory is written, until one run completes: at every step the output is the old
+    one or the new one, whole, or (between two renames) absent with the old one whole beside it."""
+    old = {"saved_model.pb": "old", "variables/data": "old", "assets/kernels.so": "old"}
+    new = dict.fromkeys(old, "new")
+    for step in range(1, 50):
+        root = tmp_path / str(step)
+        for name, text in old.items():
+            (root / "model" / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / "model" / name).write_text(text)
+        result = subprocess.run([sys.executable, "-c", KILLED_AT_STEP, str(root / "model"), str(step)],
+                                capture_output=True, text=True, timeout=60)
+        trees = [tree(p) for p in root.iterdir()]
+        if result.returncode == 0:
+            assert trees == [new] and step > 2, (step, trees)
+            return
+        assert result.returncode == -signal.SIGKILL, result.stderr
+        if (root / "model").exists():
+            assert tree(root / "model") in (old, new), (step, trees)
+        else:
+            assert old in trees, (step, trees)
+    pytest.fail("the replacement never completed")

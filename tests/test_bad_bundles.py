@@ -3,6 +3,7 @@ or TVM never crashes and never returns garbage: the op says why once (a
 warning) and computes through the generic kernel. A kernel that fails at run
 time becomes a TF error status."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+import file_modes
 from conftest import random_tensor
 from tf_dietcode import cpu_features, ops
 from tf_dietcode.tuning import bundle
@@ -32,8 +34,9 @@ def truncate_library(directory):
     library.write_bytes(library.read_bytes()[: library.stat().st_size // 2])
 
 
-def unreadable_library(directory):
-    os.chmod(directory / bundle.LIBRARY, 0)
+def truncate_manifest(directory):
+    manifest = directory / bundle.MANIFEST
+    manifest.write_text(manifest.read_text()[: manifest.stat().st_size // 2])
 
 
 def lacking_feature():
@@ -57,6 +60,10 @@ CORRUPTIONS = {
     "missing kernel": (edit_manifest(lambda m: m["workloads"][0]["kernels"][0].update(symbol="nope")),
                        "lacks kernel nope"),
     "missing library": (lambda d: (d / bundle.LIBRARY).unlink(), "cannot read"),
+    "truncated manifest": (truncate_manifest, "not JSON"),
+    "field of another type": (edit_manifest(lambda m: m.update(workloads="all")), "manifest field 'workloads'"),
+    "missing dispatch": (edit_manifest(lambda m: m["workloads"][1].update(dispatch="nope")),
+                         "lacks dispatch function nope"),
 }
 
 
@@ -102,17 +109,56 @@ def test_a_bad_bundle_is_reported_once_per_process(tuned_bundle, tmp_path):
     assert "SHA-256" in result.stderr
 
 
-def test_unreadable_library_is_a_warning(tuned_bundle, tmp_path, rng):
-    if os.geteuid() == 0:
-        pytest.skip("root reads files whatever their mode")
-    source, report = tuned_bundle
+THROUGH_BUNDLES = """
+import json, sys
+import numpy as np
+from tf_dietcode import ops
+
+q = np.ones((3, 5, 8), np.float32)
+for path in sys.argv[1:]:
+    out = ops.fused_batch_matmul_transpose(q, q, [0, 1, 2], adj_y=True, bundle=path).numpy()
+    assert np.allclose(out, 8.0), out
+print(json.dumps([ops.bundle_stats(path)["problem"] for path in sys.argv[1:]]))
+"""
+
+
+def problems_in_child(paths, python=(sys.executable,)):
+    """Runs a tuned-range product through each bundle in a fresh process, so that a crash
+    fails this test alone; returns why each bundle is not used."""
+    result = subprocess.run([*python, "-c", THROUGH_BUNDLES, *map(str, paths)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_unreadable_bundles_are_warnings(tuned_bundle, tmp_path):
+    """Library, manifest or directory unreadable, in a child that file modes apply to (as root too)."""
+    source, _ = tuned_bundle
+    library, manifest, directory = (tmp_path / name for name in ("library", "manifest", "directory"))
+    for path in (library, manifest, directory):
+        shutil.copytree(source, path)
+    os.chmod(library / bundle.LIBRARY, 0)
+    os.chmod(manifest / bundle.MANIFEST, 0)
+    os.chmod(directory, 0o600)
+    try:
+        problems = problems_in_child([library, manifest, directory], file_modes.python_command())
+    finally:
+        os.chmod(directory, 0o700)
+    assert problems == [f"cannot read {library / bundle.LIBRARY}", f"cannot read {manifest / bundle.MANIFEST}",
+                        f"cannot read {directory / bundle.MANIFEST}"]
+
+
+def test_a_library_cut_short_after_its_checksum_is_rejected_not_run(tuned_bundle, tmp_path):
+    """Its first 4 KiB (ELF and program headers) with a matching SHA-256: dlopen would map it,
+    and running a kernel past its end would kill the process with SIGBUS."""
+    source, _ = tuned_bundle
     path = tmp_path / "bundle"
     shutil.copytree(source, path)
-    unreadable_library(path)
-    q = random_tensor(rng, (3, 5, 8))
-    out = ops.fused_batch_matmul_transpose(q, q, [0, 1, 2], adj_y=True, bundle=str(path)).numpy()
-    np.testing.assert_allclose(out, q @ np.swapaxes(q, 1, 2), rtol=1e-4, atol=1e-4)
-    assert "cannot read" in ops.bundle_stats(str(path))["problem"]
+    (path / bundle.LIBRARY).write_bytes((path / bundle.LIBRARY).read_bytes()[:4096])
+    sha256 = hashlib.sha256((path / bundle.LIBRARY).read_bytes()).hexdigest()
+    edit_manifest(lambda m: m.update(sha256=sha256))(path)
+    [problem] = problems_in_child([path])
+    assert problem.startswith(f"{path / bundle.LIBRARY} is truncated"), problem
 
 
 FAILING_KERNEL = """

@@ -1,5 +1,9 @@
 """Bad input gets InvalidArgument naming the problem, never a crash or garbage."""
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -115,3 +119,34 @@ def test_packed_weight_mismatches(rng, b_shape, transpose_b, match):
     a, b = random_tensor(rng, (3, 16)), random_tensor(rng, b_shape)
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=match):
         ops.fused_matmul(a, b, transpose_b=transpose_b, packed_n=9)
+
+
+HUGE_EMPTY_OPERANDS = """
+import json
+import numpy as np
+import tensorflow as tf
+from tf_dietcode import ops
+
+empty = lambda *shape: np.zeros(shape, np.float32)  # no elements: free to send, whatever the dims
+calls = [lambda: ops.fused_matmul(empty(2**40, 0), empty(0, 2**40)),
+         lambda: ops.fused_batch_matmul_add(empty(2**20, 2**20, 0, 4), empty(1, 4, 3), 0.0),
+         lambda: ops.fused_batch_matmul_transpose(empty(2**20, 2**20, 0, 4), empty(4, 3), [2, 3, 0, 1])]
+results = []
+for call in calls:
+    try:
+        results.append(list(call().shape))
+    except tf.errors.InvalidArgumentError as error:
+        results.append(error.message)
+print(json.dumps(results))
+"""
+
+
+def test_empty_operands_of_huge_dims_are_empty_outputs_or_errors():
+    """An output too large to count is InvalidArgument, as for TF's MatMul; an empty output of a
+    2^40-matrix batch is returned without planning its batch. In a fresh process, so that an
+    abort fails this test alone."""
+    result = subprocess.run([sys.executable, "-c", HUGE_EMPTY_OPERANDS], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    overflow, added, transposed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "overflow" in overflow, overflow
+    assert added == [2**20, 2**20, 0, 3] and transposed == [0, 3, 2**20, 2**20]

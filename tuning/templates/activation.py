@@ -33,8 +33,9 @@ def erf(x):
 def apply(name: str, x):
     if name == "none":
         return x
-    if name == "relu":
-        return te.max(x, tirx.const(0.0, "float32"))
+    if name == "relu":  # as TF's max(x, 0): NaN stays NaN (te.max would make it 0)
+        zero = tirx.const(0.0, "float32")
+        return tirx.Select(x < zero, zero, x)
     if name == "tanh":
         return te.tanh(x)
     if name == "sigmoid":
