@@ -128,12 +128,12 @@ def encoder_block():
 
 @pytest.fixture(scope="session")
 def optimized_encoder(tmp_path_factory):
-    """encoder_block() exported to root/original and optimized (quick tuning) to root/optimized,
+    """encoder_block() exported to root/original and optimized (quick tuning, horizontal fusion) to root/optimized,
     for x in batch 1..2, T 1..12. Returns (root, report)."""
     from tf_dietcode.tuning import search
 
     root = tmp_path_factory.mktemp("optimize")
     encoder_block().export(str(root / "original"), verbose=False)
     report = tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=ENCODER_RANGES,
-                                  tuning=search.SearchOptions(**TINY_TUNING_OPTIONS))
+                                  tuning=search.SearchOptions(**TINY_TUNING_OPTIONS), horizontal_fusion=True)
     return root, report

@@ -97,7 +97,7 @@ class Converter:
     def __init__(self, input_saved_model_dir: str | pathlib.Path, *, tags=("serve",),
                  signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
                  tuning: search.SearchOptions = search.SearchOptions(), database=None,
-                 horizontal_fusion: bool = True):
+                 horizontal_fusion: bool = False):
         self.input_dir = pathlib.Path(input_saved_model_dir)
         if not tf.saved_model.contains_saved_model(str(self.input_dir)):
             raise ValueError(f"{self.input_dir} is not a SavedModel directory")
@@ -268,11 +268,12 @@ class Converter:
 def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: str | pathlib.Path, *,
              tags=("serve",), signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
              input_fn=None, tuning: search.SearchOptions = search.SearchOptions(), database=None,
-             horizontal_fusion: bool = True, overwrite: bool = False) -> Report:
+             horizontal_fusion: bool = False, overwrite: bool = False) -> Report:
     """Optimizes a SavedModel for the given shape ranges (or representative inputs); returns the report.
 
     horizontal_fusion: dense layers that read the same input (attention's query, key and value
-    projections) run as one GEMM over their concatenated weights.
+    projections) run as one GEMM over their concatenated weights. Off by default: on BERT-base
+    with quick tuning it was slower at batch 1 (see docs/decisions.md).
     """
     converter = Converter(input_saved_model_dir, tags=tags, signature_keys=signature_keys,
                           shape_ranges=shape_ranges, tuning=tuning, database=database,
