@@ -23,8 +23,21 @@ from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
 SIMPLE_ACTIVATIONS = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
 
 
+class WeightDims:
+    """K and N of a dense layer (or group) from its [K, N] `weight`."""
+    weight: np.ndarray
+
+    @property
+    def k(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.weight.shape[1]
+
+
 @dataclasses.dataclass
-class DenseMatch:
+class DenseMatch(WeightDims):
     form: str                 # "matmul", "tensordot" or "einsum"
     core: str                 # the MatMul/Einsum node, naming the match
     x: str                    # the layer's input tensor
@@ -39,14 +52,6 @@ class DenseMatch:
 
     def __post_init__(self):
         self.source = self.source or self.x
-
-    @property
-    def k(self) -> int:
-        return self.weight.shape[0]
-
-    @property
-    def n(self) -> int:
-        return self.weight.shape[1]
 
 
 @dataclasses.dataclass

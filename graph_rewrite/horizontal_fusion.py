@@ -15,11 +15,11 @@ import functools
 
 import numpy as np
 
-from tf_dietcode.graph_rewrite.dense_patterns import DenseMatch
+from tf_dietcode.graph_rewrite.dense_patterns import DenseMatch, WeightDims
 
 
 @dataclasses.dataclass
-class DenseGroup:
+class DenseGroup(WeightDims):
     """Dense layers over one input with one activation: act(x @ [W_1 ... W_n] + [b_1 ... b_n])."""
     members: tuple[DenseMatch, ...]
 
@@ -28,15 +28,19 @@ class DenseGroup:
         return "+".join(m.core for m in self.members)
 
     @property
+    def _share_x(self) -> bool:
+        return len({m.x for m in self.members}) == 1
+
+    @property
     def flat(self) -> bool:
         """Every member reads the same x as a matrix [M, K]."""
-        return len({m.x for m in self.members}) == 1 and all(m.form != "einsum" for m in self.members)
+        return self._share_x and all(m.form != "einsum" for m in self.members)
 
     @property
     def x(self) -> str:
         """The members' input: their x if they share it, else what their x's flatten
         (Keras Dense layers on N-D input each flatten the same tensor)."""
-        return self.members[0].x if len({m.x for m in self.members}) == 1 else self.members[0].source
+        return self.members[0].x if self._share_x else self.members[0].source
 
     @property
     def contracted(self) -> int:
@@ -56,14 +60,6 @@ class DenseGroup:
         if len(self.members) == 1:
             return self.members[0].weight
         return np.ascontiguousarray(np.concatenate([m.weight for m in self.members], axis=1))
-
-    @property
-    def k(self) -> int:
-        return self.weight.shape[0]
-
-    @property
-    def n(self) -> int:
-        return self.weight.shape[1]
 
 
 def group(matches: list[DenseMatch], fuse: bool = True) -> list[DenseGroup]:

@@ -10,6 +10,7 @@ import tensorflow as tf
 import tf_dietcode
 from tf_dietcode.tuning import search
 
+import tuned_calls
 from conftest import TINY_TUNING_OPTIONS
 
 
@@ -73,11 +74,10 @@ def test_fused_model_runs_fewer_gemms(models):
     calls = {}
     for fuse in (True, False):
         model = tf.saved_model.load(str(root / f"fused_{fuse}"))
-        manifest = str(next((root / f"fused_{fuse}" / "assets").glob("manifest*.json")))
-        before = tf_dietcode.ops.bundle_stats(manifest)
+        manifest = next((root / f"fused_{fuse}" / "assets").glob("manifest*.json"))
+        before, generic_before = tuned_calls.calls(manifest)
         model.signatures["serving_default"](x=np.ones((1, 4, 16), np.float32))
-        after = tf_dietcode.ops.bundle_stats(manifest)
-        calls[fuse] = (sum(map(sum, (w["calls"] for w in after["workloads"]))) + after["generic_calls"]
-                       - sum(map(sum, (w["calls"] for w in before["workloads"]))) - before["generic_calls"])
+        after, generic_after = tuned_calls.calls(manifest)
+        calls[fuse] = sum(after.values()) - sum(before.values()) + generic_after - generic_before
     # dense GEMMs: h, {a, b}, {c, q, k, v}, d, attention output = 5 fused vs 9; plus 2 attention products
     assert calls == {True: 7, False: 11}

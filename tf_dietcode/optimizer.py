@@ -119,19 +119,20 @@ class Converter:
             raise ValueError(f"unknown signature(s) {missing}; the model has {sorted(self.loaded.signatures)}")
         variables = signature_graph.variables_of(self.loaded)
         self.graphs = [signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys]
-        self.matches, self.attention, self.ranges = {}, {}, {}
+        self.dense_layers, self.attention, self.ranges = {}, {}, {}
         notes, left, found = [], [], collections.Counter()
         for graph in self.graphs:
             captured = {name: variables[id(t)].numpy() for name, t in graph.captures.items() if id(t) in variables}
             index = GraphIndex(graph.graph_def, captured)
             matches, left_alone = dense_patterns.find(index)
-            self.matches[graph.key], left = horizontal_fusion.group(matches, self.horizontal_fusion), left + left_alone
+            self.dense_layers[graph.key] = horizontal_fusion.group(matches, self.horizontal_fusion)
+            left += left_alone
             self.attention[graph.key] = attention_patterns.find(index)
             found.update(m.form for m in [*matches, *self.attention[graph.key]])
             self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges)
             notes += [f"{graph.key}: {note}" for note in graph_notes]
         self._variables = variables
-        groups = [g for layers in self.matches.values() for g in layers if len(g.members) > 1]
+        groups = [g for layers in self.dense_layers.values() for g in layers if len(g.members) > 1]
         self.report = Report(keys, self.ranges, notes, found, collections.Counter(), left, [],
                              merged=(sum(len(g.members) for g in groups), len(groups)))
         self._converted = True
@@ -148,17 +149,17 @@ class Converter:
             self.report.ranges, self.report.notes = self.ranges, []
         self._workloads, self._built = {}, True
         for graph in self.graphs:
-            dense_matches = self.matches[graph.key]
+            dense_layers = self.dense_layers[graph.key]
             products = [a for a in self.attention[graph.key] if not a.adj_x]  # tuned kernels read x as is
-            if not dense_matches and not products:
+            if not dense_layers and not products:
                 continue
-            tensors = {**{f"dense_{i}": m.x for i, m in enumerate(dense_matches)},
+            tensors = {**{f"dense_{i}": m.x for i, m in enumerate(dense_layers)},
                        **{f"x_{i}": a.x for i, a in enumerate(products)},
                        **{f"y_{i}": a.y for i, a in enumerate(products)}}
             operands = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, tensors,
                                                       graph.captures, graph.graph_def).function()
             corners = shape_ranges.corner_shapes(operands, graph.input_specs, self.ranges[graph.key])
-            for i, layer in enumerate(dense_matches):
+            for i, layer in enumerate(dense_layers):
                 self._workloads[(graph.key, layer.core)] = _dense_workload(
                     layer, shape_ranges.row_range(corners[f"dense_{i}"], layer.k))
             for i, match in enumerate(products):
@@ -221,7 +222,7 @@ class Converter:
         """The signature with every match spliced in as a fused op."""
         graph_def, captures, outputs = tf.compat.v1.GraphDef(), dict(graph.captures), dict(graph.output_tensors)
         graph_def.CopyFrom(graph.graph_def)
-        dense_matches, attention_matches = self.matches[graph.key], self.attention[graph.key]
+        dense_layers, attention_matches = self.dense_layers[graph.key], self.attention[graph.key]
         if hasattr(module, "bundle_manifest"):
             rewrite.add_placeholder(graph_def, rewrite.BUNDLE_PLACEHOLDER, tf.string)
             captures[rewrite.BUNDLE_PLACEHOLDER] = module.bundle_manifest.asset_path
@@ -236,7 +237,7 @@ class Converter:
             outputs.update({k: new[v] for k, v in outputs.items() if v in new})
             self.report.fused.update(m.form for m in matches)
 
-        for i, layer in enumerate(dense_matches):
+        for i, layer in enumerate(dense_layers):
             placeholder = f"dietcode/packed_{i}"
             rewrite.add_placeholder(graph_def, placeholder, tf.resource)
             weight, packed_n = self._weight_operand(layer, self._workloads[(graph.key, layer.core)], module)
