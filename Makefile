@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.tf_dietcode-installed
 
-.PHONY: demo test bench clean bazel sanitize
+.PHONY: demo test bench bench-quick clean bazel sanitize
 
 # Debian's Bazel 4 for the offline check of BUILD (tests/test_bazel_build.py),
 # installed when make runs as root; elsewhere that test skips outside CI.
@@ -23,9 +23,17 @@ $(INSTALLED): setup.py requirements.txt requirements-dev.txt $(wildcard ops/*.cc
 demo: $(INSTALLED)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.demo --quick
 
-bench: $(INSTALLED)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.generic_kernels
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.demo
+BENCH_INSTALLED := $(VENV)/.tf_dietcode-bench-installed
+$(BENCH_INSTALLED): $(INSTALLED) requirements-bench.txt
+	$(PY) -m pip install -q -r requirements-bench.txt
+	touch $@
+
+# The benchmark suite (bench/suite.py): docs/BENCHMARKS.md and docs/results/suite/.
+bench: $(BENCH_INSTALLED)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.suite
+
+bench-quick: $(BENCH_INSTALLED)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.suite --quick
 
 test: $(INSTALLED) bazel
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests

@@ -35,12 +35,13 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
-from bench import cli, encoder, report  # noqa: E402
+from bench import cli, encoder, onednn_off, onnx_peer, report  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 
 MODEL = encoder.BERT_BASE
 SECONDS_PER_CELL = 20.0
+QUICK_SECONDS_PER_CELL = 8.0
 TOLERANCE = {"dietcode": 1e-4, "dietcode_unfused": 1e-4, "xla": 1e-3, "onnxruntime": 1e-3}
 
 
@@ -50,35 +51,27 @@ def token_ids(batch: int, t: int) -> np.ndarray:
 
 def onnx_session(saved_model: pathlib.Path, path: pathlib.Path):
     """The original converted by tf2onnx (in a child process: it rewrites TF's graph state)."""
-    import onnxruntime
-
     subprocess.run([sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(saved_model), "--output",
                     str(path), "--opset", "17"], check=True, capture_output=True)
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = 2, 1
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = onnx_peer.session(path)
     return lambda ids: session.run(None, {"input_ids": ids})[0]
 
 
-def onednn_off_seconds(saved_model: pathlib.Path, cells: list[tuple[int, int]], out: pathlib.Path) -> dict:
-    """Seconds per cell of the original with oneDNN off, timed in a child process."""
-    result = out / "onednn_off.json"
-    environment = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
-    subprocess.run([sys.executable, "-m", "bench.bert_base", "--onednn-off-worker", str(saved_model),
-                    "--cells", json.dumps(cells), "--out", str(out)], check=True, env=environment)
-    return {tuple(cell): seconds for cell, seconds in json.loads(result.read_text())}
+def seconds_per_cell(quick: bool) -> float:
+    return QUICK_SECONDS_PER_CELL if quick else SECONDS_PER_CELL
 
 
-def onednn_off_worker(saved_model: str, cells: list[tuple[int, int]], out: pathlib.Path) -> None:
+def onednn_off_worker(saved_model: pathlib.Path, cells: list[tuple[int, int]], quick: bool,
+                      out: pathlib.Path) -> None:
     use_threads()
-    model = tf.saved_model.load(saved_model)  # kept: a signature does not keep its variables alive
+    model = tf.saved_model.load(str(saved_model))  # kept: a signature does not keep its variables alive
     signature = model.signatures["serving_default"]
     timings = []
     for batch, t in cells:
         ids = tf.constant(token_ids(batch, t))
-        seconds = encoder.median_seconds({"off": lambda: signature(input_ids=ids)}, budget_seconds=SECONDS_PER_CELL / 4)
-        timings.append(((batch, t), seconds["off"]))
-    (out / "onednn_off.json").write_text(json.dumps(timings))
+        seconds = encoder.median_seconds({"off": lambda: signature(input_ids=ids)}, budget_seconds=seconds_per_cell(quick) / 4)
+        timings.append(seconds["off"])
+    onednn_off.result_path(out).write_text(json.dumps(timings))
 
 
 def optimize(original: pathlib.Path, optimized: pathlib.Path, batches: list[int], quick: bool,
@@ -95,20 +88,21 @@ def optimize(original: pathlib.Path, optimized: pathlib.Path, batches: list[int]
 def main(argv=None):
     parser = cli.parser(__doc__, "bench/results/bert_base", "quick tuning and a few T")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--onednn-off-worker", metavar="SAVED_MODEL", help=argparse.SUPPRESS)
+    parser.add_argument(onednn_off.FLAG, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cells", type=json.loads, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    original, optimized, unfused = (args.out / name for name in ("original", "optimized", "optimized_unfused"))
     if args.onednn_off_worker:
-        return onednn_off_worker(args.onednn_off_worker, args.cells, args.out)
+        return onednn_off_worker(original, args.cells, args.quick, args.out)
     use_threads()
     args.out.mkdir(parents=True, exist_ok=True)
-    original, optimized, unfused = (args.out / name for name in ("original", "optimized", "optimized_unfused"))
     shutil.rmtree(original, ignore_errors=True)
     encoder.build(MODEL).export(str(original), verbose=False)
     for path, fuse in ((optimized, True), (unfused, False)):
         optimize(original, path, args.batches, args.quick, args.out, horizontal_fusion=fuse)
     cells = [(b, t) for b in args.batches for t in cli.sequence_lengths(args.quick)]
-    off = onednn_off_seconds(original, cells, args.out)
+    off = dict(zip(cells, onednn_off.timings_from_child(
+        "bench.bert_base", ["--cells", json.dumps(cells), *(["--quick"] if args.quick else [])], args.out)))
 
     models = [tf.saved_model.load(str(path)) for path in (original, optimized, unfused)]  # kept alive
     before, after, after_unfused = (model.signatures["serving_default"] for model in models)
@@ -126,7 +120,7 @@ def main(argv=None):
         for peer, tolerance in TOLERANCE.items():
             np.testing.assert_allclose(peers[peer](ids), expected, rtol=tolerance, atol=tolerance, err_msg=peer)
         seconds = encoder.median_seconds({p: (lambda call=call: call(ids)) for p, call in peers.items()},
-                                         budget_seconds=SECONDS_PER_CELL)
+                                         budget_seconds=seconds_per_cell(args.quick))
         seconds["tensorflow_onednn_off"] = off[(batch, t)]
         rows += [{"workload": f"{MODEL.name}_batch{batch}", "T": t, "peer": peer, "ms": value * 1e3,
                   "speedup_vs_tensorflow": seconds["tensorflow"] / value} for peer, value in seconds.items()]

@@ -4,7 +4,10 @@ Calling a tf.function from Python costs ~0.2 ms here, more than many kernels.
 So the op runs k times inside a tf.while_loop of one tf.function and the time
 per run is (t(k) - t(0)) / k, taken as the median over repeats. Each iteration
 takes its inputs through an identity that depends on the previous result, so
-iterations run in order and nothing is hoisted out of the loop.
+iterations run in order and nothing is hoisted out of the loop. With
+jit_compile, `compute` is an XLA cluster called once per iteration of the same
+TF loop (a loop compiled by XLA as a whole would drop the control dependency
+and hoist the work out of it).
 """
 
 import statistics
@@ -14,7 +17,10 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 
-def looped(compute: Callable[..., tf.Tensor], inputs: Sequence[tf.Tensor]):
+def looped(compute: Callable[..., tf.Tensor], inputs: Sequence[tf.Tensor], jit_compile: bool = False):
+    if jit_compile:
+        compute = tf.function(compute, jit_compile=True)
+
     @tf.function
     def run(iterations):
         first = compute(*inputs)
@@ -37,9 +43,9 @@ def wall_seconds(run, iterations: int) -> float:
 
 
 def seconds_per_call(compute: Callable[..., tf.Tensor], inputs: Sequence[tf.Tensor],
-                     repeats: int = 5, target_seconds: float = 0.05) -> float:
+                     repeats: int = 5, target_seconds: float = 0.05, jit_compile: bool = False) -> float:
     """Median seconds of one `compute(*inputs)`, measured in-graph."""
-    run = looped(compute, inputs)
+    run = looped(compute, inputs, jit_compile)
     wall_seconds(run, 2)  # trace and warm up
     estimate = max(wall_seconds(run, 3) - wall_seconds(run, 0), 1e-6) / 3
     iterations = int(min(max(target_seconds / estimate, 3), 2000))

@@ -1,9 +1,11 @@
-"""The machine's measured float32 FMA peak (GFLOP/s), so kernels read as a fraction of it.
+"""The machine's measured float32 peaks (GFLOP/s), so kernels read as a fraction of them.
 
-    python -m bench.peak [--threads 2]
+    python -m bench.peak [--threads 2] [--out bench/results]
 
-Compiles bench/fma_peak.c with the host's vector ISA and reports the best of a
-few runs (a peak, so the maximum, not the median).
+Two figures: an FMA loop (bench/fma_peak.c, built with the host's vector ISA;
+the best of a few runs, as a peak is a maximum) and TF's own large GEMM
+(2048^3, in-graph, median), what a tuned library reaches on this machine.
+Writes peak.csv.
 """
 
 import argparse
@@ -11,7 +13,10 @@ import pathlib
 import subprocess
 import tempfile
 
+from bench import report
+
 SOURCE = pathlib.Path(__file__).with_name("fma_peak.c")
+LARGE = 2048
 
 
 def fma_peak_gflops(threads: int, runs: int = 5) -> float:
@@ -22,11 +27,30 @@ def fma_peak_gflops(threads: int, runs: int = 5) -> float:
                                         text=True).stdout) for _ in range(runs))
 
 
+def large_sgemm_gflops(threads: int) -> float:
+    import numpy as np
+    import tensorflow as tf
+
+    from bench import in_graph_timing
+    from bench.threads import use_threads
+
+    use_threads(threads)
+    a, b = (tf.constant(np.random.default_rng(i).standard_normal((LARGE, LARGE), dtype=np.float32)) for i in (0, 1))
+    return 2.0 * LARGE**3 / in_graph_timing.seconds_per_call(tf.linalg.matmul, [a, b]) / 1e9
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args(argv)
-    print(f"FMA peak, {args.threads} thread(s): {fma_peak_gflops(args.threads):.0f} GFLOP/s")
+    rows = [{"measure": "fma_loop", "threads": args.threads, "gflops": fma_peak_gflops(args.threads)},
+            {"measure": f"tensorflow_sgemm_{LARGE}", "threads": args.threads,
+             "gflops": large_sgemm_gflops(args.threads)}]
+    args.out.mkdir(parents=True, exist_ok=True)
+    report.write_csv(rows, args.out / "peak.csv")
+    for row in rows:
+        print(f"{row['measure']:>22s}, {row['threads']} thread(s): {row['gflops']:.0f} GFLOP/s")
 
 
 if __name__ == "__main__":

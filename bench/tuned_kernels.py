@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tvm  # noqa: E402
 
-from bench import cli, in_graph_timing, peak, report  # noqa: E402
+from bench import cli, in_graph_timing, peak, report, workloads  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
 from tf_dietcode import reference  # noqa: E402
 from tf_dietcode.tuning import baselines, bundle, hardware, measure, search, templates  # noqa: E402
@@ -34,15 +34,24 @@ from tf_dietcode.tuning.dispatch import build_dispatch  # noqa: E402
 from tf_dietcode.tuning.runner import LocalRunner  # noqa: E402
 from tf_dietcode.tuning.workload import Workload  # noqa: E402
 
+
+def _dense_case(batch: int, n: int, k: int):
+    """Dense [batch*T, k] x [n, k]^T + bias, tuned for T in [1, 128]."""
+    return (workloads.dense_name(batch, n, k), Workload("dense", (batch, 128 * batch), n, k, bias=True),
+            lambda t: (batch * t,), lambda x, w, b: reference.fused_matmul(x, w, b, transpose_b=True))
+
+
 # (name, workload, shape variables at sequence length T, the same product in TF ops)
 CASES = [
-    ("dense_b16_[16T,768]x[2304,768]^T", Workload("dense", (16, 2048), 2304, 768, bias=True),
-     lambda t: (16 * t,), lambda x, w, b: reference.fused_matmul(x, w, b, transpose_b=True)),
-    ("dense_b1_[T,768]x[2304,768]^T", Workload("dense", (1, 128), 2304, 768, bias=True),
-     lambda t: (t,), lambda x, w, b: reference.fused_matmul(x, w, b, transpose_b=True)),
-    ("bmm_nt_[192,T,64]x[192,T,64]^T", Workload("batch_matmul", (1, 128), (1, 128), 64, b=192, ties=("m", "n")),
+    _dense_case(16, 2304, 768),
+    _dense_case(1, 2304, 768),
+    # BERT-base's other dense layers at batch 16: attention output, FFN in and out.
+    _dense_case(16, 768, 768),
+    _dense_case(16, 3072, 768),
+    _dense_case(16, 768, 3072),
+    (workloads.BMM_NT, Workload("batch_matmul", (1, 128), (1, 128), 64, b=192, ties=("m", "n")),
      lambda t: (t,), lambda x, y, alpha: tf.linalg.matmul(x, y, adjoint_b=True)),
-    ("bmm_nn_[192,T,T]x[192,T,64]",
+    (workloads.BMM_NN,
      Workload("batch_matmul", (1, 128), 64, (1, 128), b=192, transpose_b=False, ties=("m", "k")),
      lambda t: (t,), lambda x, y, alpha: tf.linalg.matmul(x, y)),
 ]

@@ -2,15 +2,17 @@
 (Ansor-like) at the same trials per shape, with the largest-shape (Nimble-like)
 baseline beside them.
 
-    python -m bench.tuning_cost [--workload dense_b16] [--trials 64] [--out bench/results]
+    python -m bench.tuning_cost [--workload dense_b16] [--trials 64] [--quick] [--out bench/results]
 
 DietCode measures each of its `trials` micro-kernels at every sample shape, so
 MetaSchedule gets `trials` trials per shape. Shapes: T in {5,24,43,62,81,100,
-119,128}. Writes tuning_cost.csv: per method and T the kernel time (TVM
-time_evaluator) and the method's tuning wall time.
+119,128} (T=62 and the quick budget with --quick: MetaSchedule takes ~2 minutes a shape even then). Writes tuning_cost.csv:
+per method and T the kernel time (TVM time_evaluator) and the method's tuning
+wall time.
 """
 
 import argparse
+import dataclasses
 import os
 import pathlib
 import tempfile
@@ -30,6 +32,7 @@ from tf_dietcode.tuning.dispatch import build_dispatch  # noqa: E402
 from tf_dietcode.tuning.runner import LocalRunner  # noqa: E402
 
 SAMPLED_T = (5, 24, 43, 62, 81, 100, 119, 128)
+QUICK_SAMPLED_T = (62,)
 
 
 def seconds_per_call(module, arguments):
@@ -40,15 +43,18 @@ def seconds_per_call(module, arguments):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", default="dense_b16", help="prefix of a bench.tuned_kernels case name")
-    parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--trials", type=int, default=None, help="64, or the quick budget's with --quick")
+    parser.add_argument("--quick", action="store_true", help="the quick budget and T=62 only")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args(argv)
+    sampled_t = QUICK_SAMPLED_T if args.quick else SAMPLED_T
+    trials = args.trials or (search.QUICK if args.quick else search.SearchOptions()).trials
     name, workload, shape_at, _ = next(c for c in CASES if c[0].startswith(args.workload))
     hw = hardware.detect()
     template = templates.for_workload(workload)
-    options = search.SearchOptions(trials=args.trials)
+    options = dataclasses.replace(search.QUICK if args.quick else search.SearchOptions(), trials=trials)
     rng = np.random.default_rng(0)
-    dims_at = {t: workload.dims_at(shape_at(t)) for t in SAMPLED_T}
+    dims_at = {t: workload.dims_at(shape_at(t)) for t in sampled_t}
     operands = {t: template.random_operands(workload, dims, rng) for t, dims in dims_at.items()}
     rows = []
 
@@ -74,13 +80,13 @@ def main(argv=None):
     largest_seconds = time.perf_counter() - started
     kernel = largest.kernels[0]
     executable = measure.compile_kernel(workload, kernel, hw)
-    for t in SAMPLED_T:
+    for t in sampled_t:
         record("largest_shape", t, seconds_per_call(executable.mod, template.kernel_arguments(
             operands[t], workload, kernel)), largest_seconds, kernel.name)
 
     for t, dims in dims_at.items():
         with tempfile.TemporaryDirectory() as work_dir:
-            executable, tuning = baselines.per_shape_metaschedule(workload, hw, dims, args.trials, work_dir)
+            executable, tuning = baselines.per_shape_metaschedule(workload, hw, dims, trials, work_dir)
         record("metaschedule_per_shape", t, seconds_per_call(executable.mod,
                                                              baselines.plain_arguments(operands[t], workload)),
                tuning, "")
@@ -88,13 +94,13 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     report.write_csv(rows, args.out / "tuning_cost.csv")
     ms_total = sum(r["tuning_seconds"] for r in rows if r["method"] == "metaschedule_per_shape")
-    print(f"\n{name}, {args.trials} trials per shape, T in {SAMPLED_T}")
+    print(f"\n{name}, {trials} trials per shape, T in {sampled_t}")
     print(f"tuning wall time: DietCode {dietcode_seconds:.0f} s for all of T in [1,128]; "
-          f"MetaSchedule {ms_total:.0f} s for these {len(SAMPLED_T)} shapes "
+          f"MetaSchedule {ms_total:.0f} s for these {len(sampled_t)} shapes "
           f"(DietCode/MetaSchedule = {dietcode_seconds / ms_total:.2f}; projected to all 128 T: "
-          f"{ms_total / len(SAMPLED_T) * 128 / 3600:.1f} h); largest-shape {largest_seconds:.0f} s")
+          f"{ms_total / len(sampled_t) * 128 / 3600:.1f} h); largest-shape {largest_seconds:.0f} s")
     print(f"{'T':>4s} {'DietCode ms':>12s} {'MetaSchedule ms':>16s} {'largest-shape ms':>17s} {'DietCode vs MS':>15s}")
-    for t in SAMPLED_T:
+    for t in sampled_t:
         ms_of = {r["method"]: r["ms"] for r in rows if r["T"] == t}
         print(f"{t:4d} {ms_of['dietcode']:12.3f} {ms_of['metaschedule_per_shape']:16.3f} "
               f"{ms_of['largest_shape']:17.3f} {ms_of['metaschedule_per_shape'] / ms_of['dietcode']:14.2f}x")

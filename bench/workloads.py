@@ -31,9 +31,19 @@ class Workload:
         return [tf.constant(rng.standard_normal(s, dtype=np.float32)) for s in self.shapes(t)]
 
 
+def dense_name(batch: int, n: int, k: int) -> str:
+    """e.g. dense_b16_[16T,768]x[2304,768]^T: X [batch*T, k] times W [n, k] transposed."""
+    rows = "T" if batch == 1 else f"{batch}T"
+    return f"dense_b{batch}_[{rows},{k}]x[{n},{k}]^T"
+
+
+BMM_NT = "bmm_nt_[192,T,64]x[192,T,64]^T"
+BMM_NN = "bmm_nn_[192,T,T]x[192,T,64]"
+
+
 def _dense(batch: int, n: int = 2304, k: int = 768) -> Workload:
     return Workload(
-        name=f"dense_b{batch}_{n}x{k}",
+        name=dense_name(batch, n, k),
         shapes=lambda t: [(batch * t, k), (n, k), (n,)],
         flops=lambda t: 2.0 * batch * t * n * k,
         dietcode=lambda a, w, bias: tf_dietcode.ops.fused_matmul(a, w, bias, transpose_b=True),
@@ -81,9 +91,13 @@ def _same(t):
 WORKLOADS = [
     _dense(16),
     _dense(1),
-    _batch_matmul("bmm_nt_192xTx64", lambda t: (192, t, 64), lambda t: (192, t, 64), True,
+    # BERT-base's other dense layers at batch 16: attention output, FFN in and out.
+    _dense(16, 768, 768),
+    _dense(16, 3072, 768),
+    _dense(16, 768, 3072),
+    _batch_matmul(BMM_NT, lambda t: (192, t, 64), lambda t: (192, t, 64), True,
                   lambda t: 2.0 * 192 * t * t * 64),
-    _batch_matmul("bmm_nn_192xTxT", lambda t: (192, t, t), lambda t: (192, t, 64), False,
+    _batch_matmul(BMM_NN, lambda t: (192, t, t), lambda t: (192, t, 64), False,
                   lambda t: 2.0 * 192 * t * t * 64),
     _attention_scores(16, 12, _same, _same, 64, "bmm_add_16x12xTx64"),
     _attention_context(16, 12, _same, _same, 64, "bmm_transpose_16x12xTxT"),

@@ -1,0 +1,209 @@
+"""docs/BENCHMARKS.md from the CSVs bench.suite wrote: machine, versions,
+method, tables, and where tf_dietcode loses. Every number in it is read from
+those CSVs (or, for the machine, from the system) here; none is typed in."""
+
+import csv
+import datetime
+import importlib.metadata
+import math
+import os
+import pathlib
+import platform
+from collections import defaultdict
+
+PACKAGES = ("tensorflow", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "tf2onnx", "xgboost", "scikit-learn",
+            "numpy")
+KERNEL_PEERS = ("xla", "onnxruntime", "tensorflow_onednn_off", "dietcode_generic")
+BERT_PEERS = ("dietcode", "dietcode_unfused", "xla", "onnxruntime", "tensorflow_onednn_off")
+
+METHOD = """\
+- Threads: every peer runs with 2 intra-op threads (this machine's cores) and one inter-op thread;
+  ONNX Runtime with 2 intra-op threads, TVM's time_evaluator with TVM_NUM_THREADS=2.
+- Kernels through TF (TF, XLA, the op's generic kernel) are timed in-graph: the op runs k times
+  inside one `tf.while_loop` and the time per call is (t(k) - t(0)) / k, the median of 5 repeats,
+  k chosen so one repeat lasts about 50 ms. That leaves out Python's ~0.2 ms per call.
+- XLA: the TF ops as an XLA cluster called once per loop iteration (steady state, compiled in a
+  warm-up call); `xla_first_call` is a fresh jit function's first call at each shape (tracing,
+  compilation and one run), what the first request of each new length pays.
+- ONNX Runtime: the TF ops converted by tf2onnx (opset 17, dynamic dims), inputs bound once, the
+  median over repeats of many calls, minus the cost of a bound call to an Identity model.
+- TF with oneDNN off (`TF_ENABLE_ONEDNN_OPTS=0`, read at start-up) runs in a child process, so its
+  ratio to TF crosses processes and carries this VM's run-to-run drift.
+- Tuned kernels (`tuned_kernels`, `tuning_cost`) are timed by TVM's time_evaluator (7 repeats of
+  at least 30 ms, median), TF in-graph as above in the same process. DietCode tunes each workload
+  once for T in [1, 128]; the largest-shape (Nimble-like) baseline tunes T=128 only and uses its
+  best kernel everywhere; MetaSchedule (Ansor-like) tunes each shape on its own.
+- BERT-base end to end: one signature call per inference from Python (as a server would), peers
+  interleaved call by call, median; outputs checked against TF at every cell.
+- Speed-ups are ratios to TF measured in the same run; geometric means are over the T listed."""
+
+
+def read(path: pathlib.Path) -> list[dict]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        for key, value in row.items():
+            try:
+                row[key] = float(value) if key != "T" else int(value)
+            except ValueError:
+                pass
+    return rows
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
+def speedups(rows, peer) -> dict[str, list[tuple[int, float]]]:
+    """workload -> [(T, speed-up over TF)] for one peer."""
+    result = defaultdict(list)
+    for row in rows:
+        if row["peer"] == peer:
+            result[row["workload"]].append((row["T"], row["speedup_vs_tensorflow"]))
+    return result
+
+
+def cell(points) -> str:
+    """geomean (worst at T=..)."""
+    if not points:
+        return "n/a"
+    worst_t, worst = min(points, key=lambda p: p[1])
+    return f"{geomean(v for _, v in points):.2f}x ({worst:.2f}x at T={worst_t})"
+
+
+def machine() -> str:
+    cpu, flags = platform.processor() or "unknown", set()
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                cpu = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    simd = [f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    versions = ", ".join(f"{p} {_version(p)}" for p in PACKAGES)
+    return (f"- CPU: {cpu}; SIMD flags: {', '.join(simd) or 'none'}; {len(os.sched_getaffinity(0))} cores "
+            f"usable; {memory:.0f} GiB memory; {platform.platform()}\n"
+            f"- Python {platform.python_version()}; {versions}")
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def table(header: list[str], lines: list[list[str]]) -> str:
+    rows = [header, ["---"] * len(header), *lines]
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
+    """The markdown for the CSVs in `results` (links relative to `docs`)."""
+    def link(name):
+        return f"[`{name}`]({(results / name).relative_to(docs)})"
+
+    runs = read(results / "suite_runs.csv")
+    peaks = read(results / "peak.csv")
+    kernels = read(results / "kernel_peers.csv")
+    tuned = read(results / "tuned_kernels.csv")
+    cost = read(results / "tuning_cost.csv")
+    bert = read(results / "bert_base.csv")
+    mode = "quick" if quick else "full"
+    parts = [f"# Benchmarks\n\nWritten by `python -m bench.suite{' --quick' if quick else ''}` "
+             f"({mode} run) on {datetime.date.today()}. Every figure below is read from the CSVs in "
+             f"[`results/suite/`]({results.relative_to(docs)}) that this run wrote; the command that wrote each is in {link('suite_runs.csv')}."
+             + (" A quick run tunes 12 micro-kernels per workload (the default budget: 64) at 4 sample "
+                "lengths per range and times T in {1, 17, 62, 128}: its tuned figures are below what the "
+                "default budget gives." if quick else ""),
+             "## Machine\n\n" + machine(),
+             "## Method\n\n" + METHOD,
+             "## Peak\n\n" + table(["measure", "threads", "GFLOP/s"],
+                                   [[r["measure"], f"{r['threads']:.0f}", f"{r['gflops']:.0f}"] for r in peaks])]
+
+    tuned_speedups = speedups(tuned, "dietcode")
+    peer_speedups = {peer: speedups(kernels, peer) for peer in KERNEL_PEERS}
+    lines = [[f"`{w}`", cell(tuned_speedups.get(w)), *(cell(peer_speedups[p].get(w)) for p in KERNEL_PEERS)]
+             for w in dict.fromkeys(r["workload"] for r in kernels)]
+    first_calls = speedups(kernels, "xla_first_call")
+    compile_ms = {w: max(r["ms"] for r in kernels if r["workload"] == w and r["peer"] == "xla_first_call")
+                  for w in first_calls}
+    parts.append(
+        "## Kernels\n\nGeometric-mean speed-up over TF (worst T in brackets). `dietcode` is the tuned "
+        f"micro-kernel from {link('tuned_kernels.csv')} (timed against TF in that run); the other columns come "
+        f"from {link('kernel_peers.csv')}, all peers in one run. Plots: {link('kernel_peers.png')}, "
+        f"{link('tuned_kernels.png')}.\n\n"
+        + table(["workload", "dietcode (tuned)", *KERNEL_PEERS], lines)
+        + "\n\nXLA's first call at a new shape (tracing + compilation + run), the slowest T per workload: "
+        + "; ".join(f"`{w}` {ms:.0f} ms" for w, ms in compile_ms.items()) + ".")
+
+    largest = speedups(tuned, "largest_shape")
+    ratio = defaultdict(list)
+    for row in tuned:
+        if row["peer"] == "dietcode":
+            ratio[row["workload"]].append(row["symbolic_over_static"])
+    tuning_seconds = {(r["workload"], r["peer"]): r["tuning_seconds"] for r in tuned}
+    parts.append(
+        f"## Tuned micro-kernels and their baselines\n\nFrom {link('tuned_kernels.csv')}: DietCode (one "
+        "symbolic kernel set for T in [1, 128]) against the largest-shape baseline, speed-ups over TF, "
+        "and DietCode's symbolic kernel over the same micro-kernel compiled for each static shape.\n\n"
+        + table(["workload", "DietCode", "largest shape", "symbolic / static, worst", "tuning s (DietCode / largest)"],
+                [[f"`{w}`", cell(points), cell(largest.get(w)), f"{max(ratio[w]):.3f}",
+                  f"{tuning_seconds[w, 'dietcode']:.0f} / {tuning_seconds[w, 'largest_shape']:.0f}"]
+                 for w, points in tuned_speedups.items()]))
+
+    methods = defaultdict(dict)
+    for row in cost:
+        methods[row["method"]][row["T"]] = row
+    per_shape = methods["metaschedule_per_shape"]
+    per_shape_seconds = sum(r["tuning_seconds"] for r in per_shape.values())
+    dietcode_seconds = next(iter(methods["dietcode"].values()))["tuning_seconds"]
+    largest_seconds = next(iter(methods["largest_shape"].values()))["tuning_seconds"]
+    parts.append(
+        f"## Tuning cost\n\nFrom {link('tuning_cost.csv')} (`{cost[0]['workload']}`): DietCode tunes once for "
+        f"all of T in [1, 128] in {dietcode_seconds:.0f} s; per-shape MetaSchedule took {per_shape_seconds:.0f} s "
+        f"for {len(per_shape)} shape(s), {per_shape_seconds / len(per_shape) * 128 / 3600:.1f} h projected to "
+        f"all 128 lengths; the largest-shape baseline {largest_seconds:.0f} s.\n\n"
+        + table(["T", "DietCode ms", "MetaSchedule ms", "largest shape ms"],
+                [[str(t), f"{methods['dietcode'][t]['ms']:.3f}", f"{per_shape[t]['ms']:.3f}",
+                  f"{methods['largest_shape'][t]['ms']:.3f}"] for t in sorted(per_shape)]))
+
+    bert_speedups = {peer: speedups(bert, peer) for peer in BERT_PEERS}
+    parts.append(
+        f"## BERT-base end to end\n\nFrom {link('bert_base.csv')} (plot {link('bert_base.png')}): 12 layers, "
+        "hidden 768, 12 heads, FFN 3072, Keras 3 layers, optimized by `tf_dietcode.optimize()` "
+        "(`dietcode`: Q/K/V merged into one GEMM; `dietcode_unfused`: three GEMMs). Speed-up over TF:\n\n"
+        + table(["batch", *BERT_PEERS], [[w.rsplit("batch", 1)[1], *(cell(bert_speedups[p].get(w)) for p in BERT_PEERS)]
+                                         for w in dict.fromkeys(r["workload"] for r in bert)]))
+
+    parts.append("## Where tf_dietcode loses\n\n" + "\n".join(losses(tuned_speedups, peer_speedups, bert_speedups))
+                 + "\n\n## Suite run\n\n" + table(["part", "command", "wall s"],
+                                                  [[r["part"], f"`{r['command']}`", f"{r['seconds']:.0f}"]
+                                                   for r in runs]))
+    return "\n\n".join(parts) + "\n"
+
+
+def losses(tuned, peers, bert) -> list[str]:
+    """Plain statements of every workload where tf_dietcode is slower than TF or than the best peer."""
+    lines = []
+    for workload, points in {**tuned, **bert["dietcode"]}.items():
+        slower = [f"T={t} ({s:.3f}x)" for t, s in points if s < 1.0]
+        if slower:
+            lines.append(f"- `{workload}`: slower than TF at " + ", ".join(slower))
+        ours = geomean(s for _, s in points)
+        rivals = {p: source[p][workload] for source in (peers, bert) for p in source
+                  if not p.startswith("dietcode") and workload in source[p]}
+        better = {p: geomean(s for _, s in v) for p, v in rivals.items() if geomean(s for _, s in v) > ours}
+        if better:
+            lines.append(f"- `{workload}`: {ours:.2f}x over TF, behind " +
+                         ", ".join(f"{p} ({s:.2f}x)" for p, s in sorted(better.items(), key=lambda i: -i[1])))
+    for workload in peers["dietcode_generic"]:
+        if workload not in tuned:
+            lines.append(f"- `{workload}`: no tuned kernel is benchmarked for it; the generic kernel's figures "
+                         "are in the kernels table")
+    return lines or ["- nowhere in this run"]

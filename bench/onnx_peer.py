@@ -1,0 +1,105 @@
+"""ONNX Runtime as a peer: TF computations converted with tf2onnx, run on its CPU provider.
+
+Conversion happens in a child process (tf2onnx rewrites TF's graph state, which
+would disturb the TF peers timed in this one):
+
+    python -m bench.onnx_peer OUT_DIR        # writes OUT_DIR/<workload>.onnx for bench.workloads
+
+A run binds its inputs once (io binding), so a timed call is ORT's own work plus
+its per-call cost, which `call_overhead_seconds` measures with an Identity model
+so callers can take it out, as the in-graph TF timing takes out Python's.
+"""
+
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+THREADS = 2
+
+
+def model_path(out_dir: pathlib.Path, workload_name: str) -> pathlib.Path:
+    return out_dir / (re.sub(r"[^\w.-]+", "_", workload_name) + ".onnx")
+
+
+def export_all(out_dir: pathlib.Path) -> None:
+    """Every bench.workloads workload's TF form as <name>.onnx (fully dynamic dims), in a child process."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "bench.onnx_peer", str(out_dir)], check=True, capture_output=True,
+                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+def session(path: pathlib.Path):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def bound_call(model, arrays: list[np.ndarray]):
+    """A call of `model` on `arrays`, inputs bound once; returns the first output as numpy."""
+    import onnxruntime
+
+    binding = model.io_binding()
+    for spec, array in zip(model.get_inputs(), arrays):
+        binding.bind_ortvalue_input(spec.name, onnxruntime.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array)))
+    for spec in model.get_outputs():
+        binding.bind_output(spec.name, "cpu")
+
+    def call():
+        model.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()
+
+    return call
+
+
+def median_seconds(call, repeats: int = 5, target_seconds: float = 0.05) -> float:
+    """Median over repeats of the mean time of enough calls to fill target_seconds."""
+    call()
+    start = time.perf_counter()
+    call()
+    count = int(min(max(target_seconds / max(time.perf_counter() - start, 1e-7), 3), 2000))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(count):
+            call()
+        samples.append((time.perf_counter() - start) / count)
+    return statistics.median(samples)
+
+
+def call_overhead_seconds(out_dir: pathlib.Path, array: np.ndarray) -> float:
+    """ORT's cost of one bound call doing nothing (an Identity model on `array`)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    path = out_dir / "identity.onnx"
+    rank = array.ndim
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None] * rank)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * rank)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return median_seconds(bound_call(session(path), [array]))
+
+
+def _export(out_dir: pathlib.Path) -> None:
+    import tensorflow as tf
+    import tf2onnx
+
+    from bench.workloads import WORKLOADS
+
+    for workload in WORKLOADS:
+        shapes = workload.shapes(1)
+        signature = [tf.TensorSpec([None] * len(shape), tf.float32) for shape in shapes]
+        tf2onnx.convert.from_function(tf.function(workload.tensorflow), input_signature=signature, opset=17,
+                                      output_path=str(model_path(out_dir, workload.name)))
+
+
+if __name__ == "__main__":
+    _export(pathlib.Path(sys.argv[1]))

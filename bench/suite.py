@@ -1,0 +1,62 @@
+"""The whole benchmark suite in one command, and docs/BENCHMARKS.md from what it wrote.
+
+    python -m bench.suite [--quick] [--out bench/results/suite] [--docs docs]
+
+Runs each part in its own process, one after another (never two timings at
+once on this 2-core machine), from a fresh output directory (so tuning times
+are not shortened by an earlier run's database):
+peak, kernel_peers, tuned_kernels, tuning_cost, bert_base. --quick gives each
+part its quick mode (a few T, the quick tuning budget): about 15 minutes here;
+the full run takes about 1.5 hours. Then copies every CSV and plot into
+<docs>/results/suite/ and writes <docs>/BENCHMARKS.md from those CSVs alone.
+"""
+
+import argparse
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+from bench import benchmarks_md, report
+
+# (part, whether it has a quick mode)
+PARTS = [("peak", False), ("kernel_peers", True), ("tuned_kernels", True), ("tuning_cost", True),
+         ("bert_base", True)]
+
+
+def command(part: str, has_quick: bool, quick: bool, out: pathlib.Path) -> list[str]:
+    return [sys.executable, "-m", f"bench.{part}", *(["--quick"] if quick and has_quick else []),
+            "--out", str(out / part)]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="every part's quick mode (~15 minutes)")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/suite"))
+    parser.add_argument("--docs", type=pathlib.Path, default=pathlib.Path("docs"))
+    args = parser.parse_args(argv)
+    shutil.rmtree(args.out, ignore_errors=True)
+    args.out.mkdir(parents=True)
+    runs = []
+    for part, has_quick in PARTS:
+        line = command(part, has_quick, args.quick, args.out)
+        print(f"\n=== {' '.join(line[1:])}", flush=True)
+        started = time.perf_counter()
+        subprocess.run(line, check=True)
+        runs.append({"part": part, "command": "python " + " ".join(line[1:]),
+                     "seconds": time.perf_counter() - started})
+    report.write_csv(runs, args.out / "suite_runs.csv")
+
+    published = args.docs / "results" / "suite"
+    shutil.rmtree(published, ignore_errors=True)
+    published.mkdir(parents=True)
+    for path in [*args.out.glob("*/*.csv"), *args.out.glob("*/*.png"), args.out / "suite_runs.csv"]:
+        shutil.copy2(path, published / path.name)
+    markdown = args.docs / "BENCHMARKS.md"
+    markdown.write_text(benchmarks_md.render(published, markdown.parent, quick=args.quick))
+    print(f"\nwrote {markdown} and {published}/")
+
+
+if __name__ == "__main__":
+    main()
