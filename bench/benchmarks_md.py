@@ -5,11 +5,12 @@ those CSVs (or, for the machine, from the system) here; none is typed in."""
 import csv
 import datetime
 import importlib.metadata
-import math
 import os
 import pathlib
 import platform
 from collections import defaultdict
+
+from bench.report import geomean, speedups
 
 PACKAGES = ("tensorflow", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "tf2onnx", "xgboost", "scikit-learn",
             "numpy")
@@ -48,20 +49,6 @@ def read(path: pathlib.Path) -> list[dict]:
             except ValueError:
                 pass
     return rows
-
-
-def geomean(values) -> float:
-    values = list(values)
-    return math.exp(sum(map(math.log, values)) / len(values))
-
-
-def speedups(rows, peer) -> dict[str, list[tuple[int, float]]]:
-    """workload -> [(T, speed-up over TF)] for one peer."""
-    result = defaultdict(list)
-    for row in rows:
-        if row["peer"] == peer:
-            result[row["workload"]].append((row["T"], row["speedup_vs_tensorflow"]))
-    return result
 
 
 def cell(points) -> str:
@@ -178,8 +165,9 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
         f"## BERT-base end to end\n\nFrom {link('bert_base.csv')} (plot {link('bert_base.png')}): 12 layers, "
         "hidden 768, 12 heads, FFN 3072, Keras 3 layers, optimized by `tf_dietcode.optimize()` "
         "(`dietcode`: Q/K/V merged into one GEMM; `dietcode_unfused`: three GEMMs). Speed-up over TF:\n\n"
-        + table(["batch", *BERT_PEERS], [[w.rsplit("batch", 1)[1], *(cell(bert_speedups[p].get(w)) for p in BERT_PEERS)]
-                                         for w in dict.fromkeys(r["workload"] for r in bert)]))
+        + table(["batch", *BERT_PEERS],
+                [[w.rsplit("batch", 1)[1], *(cell(bert_speedups[p].get(w)) for p in BERT_PEERS)]
+                 for w in dict.fromkeys(r["workload"] for r in bert)]))
 
     parts.append("## Where tf_dietcode loses\n\n" + "\n".join(losses(tuned_speedups, peer_speedups, bert_speedups))
                  + "\n\n## Suite run\n\n" + table(["part", "command", "wall s"],

@@ -69,7 +69,8 @@ def onednn_off_worker(saved_model: pathlib.Path, cells: list[tuple[int, int]], q
     timings = []
     for batch, t in cells:
         ids = tf.constant(token_ids(batch, t))
-        seconds = encoder.median_seconds({"off": lambda: signature(input_ids=ids)}, budget_seconds=seconds_per_cell(quick) / 4)
+        seconds = encoder.median_seconds({"off": lambda: signature(input_ids=ids)},
+                                         budget_seconds=seconds_per_cell(quick) / 4)
         timings.append(seconds["off"])
     onednn_off.result_path(out).write_text(json.dumps(timings))
 
@@ -130,7 +131,7 @@ def main(argv=None):
         for peer in [*peers, "tensorflow_onednn_off"][1:]:
             speedups = [r["speedup_vs_tensorflow"] for r in rows
                         if r["peer"] == peer and r["workload"].endswith(f"batch{batch}")]
-            print(f"  {peer:>22s} {np.exp(np.mean(np.log(speedups))):.2f}x ({min(speedups):.2f}x)")
+            print(f"  {peer:>22s} {report.geomean(speedups):.2f}x ({min(speedups):.2f}x)")
     report.write_csv(rows, args.out / "bert_base.csv")
     report.speedup_by_t(rows, args.out / "bert_base.png", title="BERT-base encoder, one call per inference")
     print(f"wrote {args.out / 'bert_base.csv'} and {args.out / 'bert_base.png'}")

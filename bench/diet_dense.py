@@ -10,7 +10,6 @@ repeats, the two layers alternating). Writes diet_dense.csv and diet_dense.png
 and prints the geometric-mean speed-up per case.
 """
 
-import math
 import os
 import time
 
@@ -68,7 +67,7 @@ def main(argv=None):
     report.speedup_by_t(rows, args.out / "diet_dense.png", "DietDense vs keras.layers.Dense (same weights)")
     for name, _, _ in CASES:
         speedups = [r["speedup_vs_tensorflow"] for r in rows if r["workload"] == name and r["peer"] == "dietcode"]
-        print(f"{name}: geometric-mean speed-up {math.exp(np.mean(np.log(speedups))):.2f}x "
+        print(f"{name}: geometric-mean speed-up {report.geomean(speedups):.2f}x "
               f"(worst {min(speedups):.2f}x)")
 
 

@@ -18,7 +18,6 @@ kernel_peers.png and prints geometric-mean speed-ups over TF.
 
 import argparse
 import json
-import math
 import os
 import pathlib
 import time
@@ -42,12 +41,13 @@ def jobs(quick: bool):
     return [(w, t) for w in WORKLOADS for t in (cli.sequence_lengths(quick) if "seed" not in w.name else (17,))]
 
 
-def first_call_seconds(compute, inputs) -> float:
-    """A fresh XLA function's first call at these shapes: tracing, compiling and one run."""
+def xla_first_call(compute, inputs) -> tuple[float, np.ndarray]:
+    """A fresh XLA function's first call at these shapes (tracing, compiling and one run):
+    its seconds and its output."""
     fresh = tf.function(lambda *xs: compute(*xs), jit_compile=True)
     start = time.perf_counter()
-    fresh(*inputs).numpy()
-    return time.perf_counter() - start
+    output = fresh(*inputs).numpy()
+    return time.perf_counter() - start, output
 
 
 def onednn_off_worker(quick: bool, out: pathlib.Path) -> None:
@@ -66,8 +66,8 @@ def measure(quick: bool, out: pathlib.Path) -> list[dict]:
         arrays = [x.numpy() for x in inputs]
         expected = workload.tensorflow(*inputs).numpy()
         ort_call = onnx_peer.bound_call(sessions[workload.name], arrays)
-        outputs = {"dietcode_generic": workload.dietcode(*inputs).numpy(),
-                   "xla": tf.function(workload.tensorflow, jit_compile=True)(*inputs).numpy(),
+        first_call, xla_output = xla_first_call(workload.tensorflow, inputs)
+        outputs = {"dietcode_generic": workload.dietcode(*inputs).numpy(), "xla": xla_output,
                    "onnxruntime": ort_call()}
         for peer, tolerance in TOLERANCE.items():
             np.testing.assert_allclose(outputs[peer], expected, rtol=tolerance, atol=tolerance,
@@ -75,9 +75,9 @@ def measure(quick: bool, out: pathlib.Path) -> list[dict]:
         seconds = {"tensorflow": in_graph_timing.seconds_per_call(workload.tensorflow, inputs),
                    "dietcode_generic": in_graph_timing.seconds_per_call(workload.dietcode, inputs),
                    "xla": in_graph_timing.seconds_per_call(workload.tensorflow, inputs, jit_compile=True),
-                   "xla_first_call": first_call_seconds(workload.tensorflow, inputs),
+                   "xla_first_call": first_call,
                    "onnxruntime": max(onnx_peer.median_seconds(ort_call)
-                                      - onnx_peer.call_overhead_seconds(onnx_dir, arrays[0]), 1e-7)}
+                                      - onnx_peer.call_overhead_seconds(arrays[0]), 1e-7)}
         rows += rows_of(workload, t, seconds)
     return rows
 
@@ -97,7 +97,7 @@ def main(argv=None):
         return onednn_off_worker(args.quick, args.out)
     off = onednn_off.timings_from_child("bench.kernel_peers", ["--quick"] if args.quick else [], args.out)
     use_threads()
-    tf.get_logger().setLevel("ERROR")  # first_call_seconds retraces on purpose
+    tf.get_logger().setLevel("ERROR")  # xla_first_call retraces on purpose
     rows = measure(args.quick, args.out)
     tf_seconds = {(r["workload"], r["T"]): r["ms"] / 1e3 for r in rows if r["peer"] == "tensorflow"}
     for (workload, t), seconds in zip(jobs(args.quick), off):
@@ -107,13 +107,12 @@ def main(argv=None):
     report.speedup_by_t([r for r in rows if r["peer"] != "xla_first_call"], args.out / "kernel_peers.png",
                         title=f"Kernels vs peers, speed-up over TF {tf.__version__} (2 threads)")
     print(f"\n{'workload':34s} " + " ".join(f"{p:>22s}" for p in PEERS_PRINTED) + "  (geomean speed-up over TF)")
+    by_peer = {peer: report.speedups(rows, peer) for peer in PEERS_PRINTED}
     for workload in WORKLOADS:
-        cells = []
-        for peer in PEERS_PRINTED:
-            speedups = [r["speedup_vs_tensorflow"] for r in rows if r["workload"] == workload.name and r["peer"] == peer]
-            cells.append(f"{math.exp(np.mean(np.log(speedups))):21.2f}x")
-        print(f"{workload.name:34s} " + " ".join(cells))
+        print(f"{workload.name:34s} " + " ".join(
+            f"{report.geomean(s for _, s in by_peer[peer][workload.name]):21.2f}x" for peer in PEERS_PRINTED))
     print(f"wrote {args.out / 'kernel_peers.csv'} and {args.out / 'kernel_peers.png'}")
+
 
 if __name__ == "__main__":
     main()

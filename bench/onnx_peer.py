@@ -10,6 +10,7 @@ its per-call cost, which `call_overhead_seconds` measures with an Identity model
 so callers can take it out, as the in-graph TF timing takes out Python's.
 """
 
+import functools
 import os
 import pathlib
 import re
@@ -34,12 +35,14 @@ def export_all(out_dir: pathlib.Path) -> None:
                    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
-def session(path: pathlib.Path):
+def session(model: pathlib.Path | bytes):
+    """An ORT session on a model file (or its bytes) with this suite's threads."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return onnxruntime.InferenceSession(model if isinstance(model, bytes) else str(model), options,
+                                        providers=["CPUExecutionProvider"])
 
 
 def bound_call(model, arrays: list[np.ndarray]):
@@ -74,18 +77,19 @@ def median_seconds(call, repeats: int = 5, target_seconds: float = 0.05) -> floa
     return statistics.median(samples)
 
 
-def call_overhead_seconds(out_dir: pathlib.Path, array: np.ndarray) -> float:
+def call_overhead_seconds(array: np.ndarray) -> float:
     """ORT's cost of one bound call doing nothing (an Identity model on `array`)."""
-    import onnx
+    return median_seconds(bound_call(_identity_session(array.ndim), [array]))
+
+
+@functools.cache
+def _identity_session(rank: int):
     from onnx import TensorProto, helper
 
-    path = out_dir / "identity.onnx"
-    rank = array.ndim
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None] * rank)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * rank)])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return median_seconds(bound_call(session(path), [array]))
+    return session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
 
 
 def _export(out_dir: pathlib.Path) -> None:

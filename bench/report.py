@@ -1,7 +1,9 @@
 """Benchmark rows (dicts with workload, T, peer, speedup_vs_tensorflow, ...) to CSV and plots."""
 
 import csv
+import math
 import pathlib
+from collections import defaultdict
 
 import matplotlib
 
@@ -14,6 +16,20 @@ def write_csv(rows: list[dict], path: pathlib.Path) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
+def speedups(rows, peer: str) -> dict[str, list[tuple[int, float]]]:
+    """workload -> [(T, speed-up over TF)] for one peer."""
+    result = defaultdict(list)
+    for row in rows:
+        if row["peer"] == peer:
+            result[row["workload"]].append((row["T"], row["speedup_vs_tensorflow"]))
+    return result
 
 
 def speedup_by_t(rows, path: pathlib.Path, title: str) -> None:

@@ -12,7 +12,6 @@ every T) runs beside it with the same budget.
 """
 
 import json
-import math
 import os
 import pathlib
 import time
@@ -148,11 +147,11 @@ def main(argv=None):
     for name, *_ in CASES:
         mine = [r for r in rows if r["peer"] == "dietcode" and r["workload"] == name]
         speedups = [r["speedup_vs_tensorflow"] for r in mine]
-        print(f"{name:34s} speed-up over TF: geomean {math.exp(np.mean(np.log(speedups))):.2f}x, "
+        print(f"{name:34s} speed-up over TF: geomean {report.geomean(speedups):.2f}x, "
               f"worst {min(speedups):.2f}x; symbolic/static worst {max(r['symbolic_over_static'] for r in mine):.3f}; "
               f"tuning {tuning_seconds[name]:.0f} s ({options.trials} micro-kernels)")
         theirs = [r["speedup_vs_tensorflow"] for r in rows if r["peer"] == "largest_shape" and r["workload"] == name]
-        print(f"{'':34s} largest-shape baseline: geomean {math.exp(np.mean(np.log(theirs))):.2f}x, "
+        print(f"{'':34s} largest-shape baseline: geomean {report.geomean(theirs):.2f}x, "
               f"worst {min(theirs):.2f}x; tuning {largest[name][2]:.0f} s")
     large = [r["fraction_of_fma_peak"] for r in rows
              if r["peer"] == "dietcode" and r["workload"].startswith("dense_b16") and r["T"] >= 62]

@@ -6,15 +6,13 @@ baseline beside them.
 
 DietCode measures each of its `trials` micro-kernels at every sample shape, so
 MetaSchedule gets `trials` trials per shape. Shapes: T in {5,24,43,62,81,100,
-119,128} (T=62 and the quick budget with --quick: MetaSchedule takes ~2 minutes a shape even then). Writes tuning_cost.csv:
-per method and T the kernel time (TVM time_evaluator) and the method's tuning
-wall time.
+119,128} (T=62 and the quick budget with --quick: MetaSchedule takes ~2
+minutes a shape even then). Writes tuning_cost.csv: per method and T the
+kernel time (TVM time_evaluator) and the method's tuning wall time.
 """
 
-import argparse
 import dataclasses
 import os
-import pathlib
 import tempfile
 import time
 
@@ -24,7 +22,7 @@ os.environ.setdefault("TVM_BIND_THREADS", "0")
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 
-from bench import report  # noqa: E402
+from bench import cli, report  # noqa: E402
 from bench.tuned_kernels import CASES  # noqa: E402
 from tf_dietcode.tuning import baselines, hardware, measure, search, templates  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
@@ -41,18 +39,17 @@ def seconds_per_call(module, arguments):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, "bench/results", "the quick budget and T=62 only")
     parser.add_argument("--workload", default="dense_b16", help="prefix of a bench.tuned_kernels case name")
     parser.add_argument("--trials", type=int, default=None, help="64, or the quick budget's with --quick")
-    parser.add_argument("--quick", action="store_true", help="the quick budget and T=62 only")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args(argv)
     sampled_t = QUICK_SAMPLED_T if args.quick else SAMPLED_T
-    trials = args.trials or (search.QUICK if args.quick else search.SearchOptions()).trials
+    budget = cli.search_options(args.quick)
+    options = dataclasses.replace(budget, trials=args.trials or budget.trials)
+    trials = options.trials
     name, workload, shape_at, _ = next(c for c in CASES if c[0].startswith(args.workload))
     hw = hardware.detect()
     template = templates.for_workload(workload)
-    options = dataclasses.replace(search.QUICK if args.quick else search.SearchOptions(), trials=trials)
     rng = np.random.default_rng(0)
     dims_at = {t: workload.dims_at(shape_at(t)) for t in sampled_t}
     operands = {t: template.random_operands(workload, dims, rng) for t, dims in dims_at.items()}

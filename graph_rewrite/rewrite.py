@@ -3,9 +3,9 @@
 Each replacement is written with TF's Python API in a scratch graph (so every
 node is built and typed by TF itself), then spliced in: its placeholders are
 bound to tensors of the graph it goes into, its other nodes renamed under a
-unique prefix, and every reader of the pattern's output reads the
-replacement's node "out_<i>" for the pattern's i-th output instead. Nodes nothing reads any more are pruned
-when the graph becomes a function again.
+unique prefix, and every reader of the pattern's i-th output reads the
+replacement's node "out_<i>" instead. Nodes nothing reads any more are
+pruned when the graph becomes a function again.
 """
 
 import tensorflow as tf
