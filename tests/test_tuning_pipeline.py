@@ -91,6 +91,18 @@ def test_search_finds_the_best_kernel_of_a_formula_machine_within_budget():
     assert best_found >= ranked[len(space) // 20]  # in the top 5% of the whole space
 
 
+def test_first_batch_spreads_over_register_heavy_kernels():
+    """Before any measurement, the batch covers the space's extremes (both loop orders and
+    weight layouts, small and large tiles) among tiles that keep half the registers accumulating."""
+    runner = FormulaRunner()
+    workload = Workload("dense", (1, 100), 768, 3072)
+    search.search(workload, HW, runner, search.SearchOptions(trials=6, batch=6, seed=5), progress=False)
+    assert len(set(runner.measured)) == 6
+    assert all(cost_model.accumulator_share(k, HW) >= 0.5 for k in runner.measured)
+    for field in ("k_outer", "packed", "tile_m", "tile_n", "tile_k", "task_n"):
+        assert len({getattr(k, field) for k in runner.measured}) >= 2, field
+
+
 def test_search_is_reproducible_and_resumes_from_the_database(tmp_path):
     options = search.SearchOptions(trials=16, batch=4, population=32, samples=3, seed=11)
     first, second = FormulaRunner(), FormulaRunner()

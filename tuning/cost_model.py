@@ -39,15 +39,22 @@ def f_pad(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> floa
     return dims["b"] * dims["m"] * dims["n"] / computed if computed else 1.0
 
 
+def accumulator_share(kernel: MicroKernel, hw: Hardware) -> float:
+    """Share of the vector registers holding the register tile's accumulators."""
+    return kernel.tile_m * kernel.tile_n / hw.vector_lanes / hw.vector_registers
+
+
 def features(kernel: MicroKernel, hw: Hardware) -> list[float]:
-    """What decides a micro-kernel's speed: tile shape, register use, cache footprints, order."""
+    """What decides a micro-kernel's speed: tile shape, register use, cache footprints,
+    loop order and the weight's layout (a packed panel is contiguous; in place, each
+    k row of it is a separate stride of N floats)."""
     vectors = kernel.tile_n / hw.vector_lanes
     return [kernel.tile_m, kernel.tile_n, kernel.tile_k, kernel.task_n, float(kernel.k_outer),
             vectors, kernel.tile_m * vectors + vectors + 1,               # registers in use
-            kernel.tile_m * vectors / hw.vector_registers,                 # accumulator share
+            accumulator_share(kernel, hw),
             kernel.tile_k * kernel.tile_n * 4 / hw.l1d_bytes,              # weight panel vs L1
             kernel.tile_k * kernel.tile_n * kernel.task_n * 4 / hw.l2_bytes,  # task's panel vs L2
-            float(kernel.tile_n % (2 * hw.vector_lanes) == 0)]
+            float(kernel.tile_n % (2 * hw.vector_lanes) == 0), float(kernel.packed)]
 
 
 class CostModel:

@@ -15,7 +15,7 @@ import random
 import numpy as np
 from tqdm import tqdm
 
-from tf_dietcode.tuning.cost_model import CostModel, kernel_throughputs
+from tf_dietcode.tuning.cost_model import CostModel, accumulator_share, features, kernel_throughputs
 from tf_dietcode.tuning.database import Database
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.measure import Measurement
@@ -111,10 +111,26 @@ def search(workload: Workload, hw: Hardware, runner, options: SearchOptions = Se
     return SearchResult(workload, shapes, measurements, model)
 
 
+def _spread(kernels: list[MicroKernel], hw: Hardware, size: int, rng: random.Random) -> list[MicroKernel]:
+    """A space-filling first batch: from a random start, each next kernel is the one
+    farthest (in standardised cost-model features) from those already picked, so the
+    first model sees the space's extremes (small and large register tiles, both
+    loop orders and weight layouts) rather than a random clump."""
+    points = np.array([features(k, hw) for k in kernels])
+    points = (points - points.mean(axis=0)) / np.maximum(points.std(axis=0), 1e-9)
+    picked = [rng.randrange(len(kernels))]
+    distance = np.linalg.norm(points - points[picked[0]], axis=1)
+    while len(picked) < min(size, len(kernels)):
+        picked.append(int(np.argmax(distance)))
+        distance = np.minimum(distance, np.linalg.norm(points - points[picked[-1]], axis=1))
+    return [kernels[i] for i in picked]
+
+
 def _next_batch(model, measurements, space_list, space_set, values, measured, shapes, size, options, rng):
     unmeasured = [k for k in space_list if k not in measured]
     if not model.fitted:
-        return rng.sample(unmeasured, min(size, len(unmeasured)))
+        busy = [k for k in unmeasured if accumulator_share(k, model.hw) >= 0.5]
+        return _spread(busy or unmeasured, model.hw, size, rng)
     best = sorted(kernel_throughputs(measurements, model).items(), key=lambda kv: -kv[1])
     parents = [k for k, _ in best[:8]]
     candidates = [k for k in _breed(parents, space_set, values, options.population, rng) if k not in measured]
