@@ -12,8 +12,9 @@ import importlib
 # Bumped whenever generated code changes, so the tuning database stops reusing
 # measurements of older kernels (2: exact GELU's erf became a rational form;
 # 3: batch matmul reads strided [batch, heads, rows, cols] views, scales and adds;
-# 4: dense kernels may read their weight in place; 5: relu keeps NaN).
-TEMPLATES_VERSION = 5
+# 4: dense kernels may read their weight in place; 5: relu keeps NaN;
+# 6: tanh (and GELU's tanh form) became a rational form).
+TEMPLATES_VERSION = 6
 
 from tvm import s_tir, tirx
 
