@@ -15,7 +15,7 @@ from bench.report import geomean, speedups
 PACKAGES = ("tensorflow", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "tf2onnx", "xgboost", "scikit-learn",
             "numpy")
 KERNEL_PEERS = ("xla", "onnxruntime", "tensorflow_onednn_off", "dietcode_generic")
-BERT_PEERS = ("dietcode", "dietcode_unfused", "xla", "onnxruntime", "tensorflow_onednn_off")
+BERT_PEERS = ("dietcode", "dietcode_merged_qkv", "xla", "onnxruntime", "tensorflow_onednn_off")
 
 METHOD = """\
 - Threads: every peer runs with 2 intra-op threads (this machine's cores) and one inter-op thread;
@@ -107,7 +107,9 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
              f"[`results/suite/`]({results.relative_to(docs)}) that this run wrote; the command that wrote each is in {link('suite_runs.csv')}."
              + (" A quick run tunes 12 micro-kernels per workload (the default budget: 64) at 4 sample "
                 "lengths per range and times T in {1, 17, 62, 128}: its tuned figures are below what the "
-                "default budget gives." if quick else ""),
+                "default budget gives. It tunes DietCode's four kernel workloads only (BERT's other dense "
+                "shapes are tuned in the full run) and runs BERT-base without the merged-Q/K/V variant."
+                if quick else ""),
              "## Machine\n\n" + machine(),
              "## Method\n\n" + METHOD,
              "## Peak\n\n" + table(["measure", "threads", "GFLOP/s"],
@@ -164,7 +166,8 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
     parts.append(
         f"## BERT-base end to end\n\nFrom {link('bert_base.csv')} (plot {link('bert_base.png')}): 12 layers, "
         "hidden 768, 12 heads, FFN 3072, Keras 3 layers, optimized by `tf_dietcode.optimize()` "
-        "(`dietcode`: Q/K/V merged into one GEMM; `dietcode_unfused`: three GEMMs). Speed-up over TF:\n\n"
+        "with its defaults (`dietcode`) and with horizontal fusion (`dietcode_merged_qkv`: Q/K/V as one GEMM; "
+        "full run only). Speed-up over TF:\n\n"
         + table(["batch", *BERT_PEERS],
                 [[w.rsplit("batch", 1)[1], *(cell(bert_speedups[p].get(w)) for p in BERT_PEERS)]
                  for w in dict.fromkeys(r["workload"] for r in bert)]))

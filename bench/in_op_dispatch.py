@@ -4,7 +4,7 @@ called directly: the cost of going through TF, dispatch included.
     python -m bench.in_op_dispatch [--bundle bench/results/bundle] [--quick]
 
 Uses the bundle `python -m bench.tuned_kernels` writes (its workloads in the
-order of bench.tuned_kernels.CASES). At each T, times the op in-graph
+cases of bench.tuned_kernels.CASES it holds). At each T, times the op in-graph
 (bench.in_graph_timing) and the kernel the bundle's tree picks for that shape
 through TVM's time_evaluator (no Python, no TF), both on 2 threads. The
 in-graph loop has a cost of its own (the loop step and an identity per input),
@@ -57,8 +57,10 @@ def main(argv=None):
     path = str(args.bundle)
 
     jobs = []
-    for entry, (name, _, shape_at, _) in zip(manifest["workloads"], CASES):
+    cases = {workload.key(): (name, shape_at) for name, workload, shape_at, _ in CASES}
+    for entry in manifest["workloads"]:
         workload = Workload.from_key(entry["key"])
+        name, shape_at = cases[entry["key"]]
         dispatch = getattr(library, entry["dispatch"])
         dispatch.restype, dispatch.argtypes = ctypes.c_int64, [ctypes.c_int64] * len(DIMS)
         for t in cli.sequence_lengths(args.quick):

@@ -56,6 +56,12 @@ CASES = [
 ]
 
 
+# The quick run: DietCode's four workloads (the BERT dense shapes only in the full run).
+QUICK_CASES = [case for case in CASES if case[0] in (workloads.dense_name(16, 2304, 768),
+                                                      workloads.dense_name(1, 2304, 768),
+                                                      workloads.BMM_NT, workloads.BMM_NN)]
+
+
 def read_bundle_manifest(directory: pathlib.Path) -> dict:
     """The manifest of the bundle this benchmark writes (other benchmarks time it)."""
     path = directory / bundle.MANIFEST
@@ -79,10 +85,11 @@ def main(argv=None):
     hw = hardware.detect()
     rng = np.random.default_rng(0)
     peak_gflops = peak.fma_peak_gflops(hw.cores)
+    cases = QUICK_CASES if args.quick else CASES
 
     tuning_seconds, results, dispatches = {}, [], []
     database = Database(args.out / "tuning.jsonl")
-    for name, workload, _, _ in CASES:  # one by one, to time each workload's search and dispatch
+    for name, workload, _, _ in cases:  # one by one, to time each workload's search and dispatch
         started = time.perf_counter()
         results.append(search.search(workload, hw, LocalRunner(hw), options, database))
         dispatches.append(build_dispatch(results[-1]))
@@ -90,7 +97,7 @@ def main(argv=None):
     bundle.build_bundle(dispatches, hw, args.out / "bundle", [r.sample_shapes for r in results], options.seed)
     largest_database = Database(args.out / "tuning_largest_shape.jsonl")
     largest = {}
-    for name, workload, _, _ in CASES:
+    for name, workload, _, _ in cases:
         started = time.perf_counter()
         _, dispatch = baselines.largest_shape(workload, hw, LocalRunner(hw), options, largest_database)
         largest[name] = (dispatch.kernels[0], measure.compile_kernel(workload, dispatch.kernels[0], hw),
@@ -98,7 +105,7 @@ def main(argv=None):
     module = tvm.runtime.load_module(str(args.out / "bundle" / bundle.LIBRARY))
 
     jobs = []
-    for w_index, (name, workload, shape_at, tf_compute) in enumerate(CASES):
+    for w_index, (name, workload, shape_at, tf_compute) in enumerate(cases):
         template = templates.for_workload(workload)
         for t in sequence_lengths:
             dims = workload.dims_at(shape_at(t))
@@ -144,7 +151,7 @@ def main(argv=None):
                   f"{row['ms'] * row['speedup_vs_tensorflow']:8.3f} {row['ms']:9.3f} "
                   f"{row['speedup_vs_tensorflow']:8.2f}x {row['symbolic_over_static']:10.3f}")
     print()
-    for name, *_ in CASES:
+    for name, *_ in cases:
         mine = [r for r in rows if r["peer"] == "dietcode" and r["workload"] == name]
         speedups = [r["speedup_vs_tensorflow"] for r in mine]
         print(f"{name:34s} speed-up over TF: geomean {report.geomean(speedups):.2f}x, "
