@@ -39,7 +39,8 @@ def op_call(workload: Workload, entry: dict, path: str, operands: dict[str, np.n
     if workload.kind == "dense":
         weight, packed_n = dense.weight_operand(operands["w"], entry["weight_layout"])
         inputs = [tf.constant(operands["x"]), tf.constant(weight), tf.constant(operands["bias"])]
-        return (lambda x, w, b: ops.fused_matmul(x, w, b, packed_n=packed_n, bundle=path)), inputs
+        return (lambda x, w, b: ops.fused_matmul(x, w, b, activation=workload.activation, packed_n=packed_n,
+                                                 bundle=path)), inputs
     inputs = [tf.constant(operands["x"]), tf.constant(operands["y"])]
     return (lambda x, y: ops.fused_batch_matmul_transpose(x, y, [0, 1, 2, 3], adj_y=workload.transpose_b,
                                                           alpha=operands["alpha"], bundle=path)), inputs
