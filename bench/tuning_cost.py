@@ -46,7 +46,6 @@ def main(argv=None):
     sampled_t = QUICK_SAMPLED_T if args.quick else SAMPLED_T
     budget = cli.search_options(args.quick)
     options = dataclasses.replace(budget, trials=args.trials or budget.trials)
-    trials = options.trials
     name, workload, shape_at, _ = next(c for c in CASES if c[0].startswith(args.workload))
     hw = hardware.detect()
     template = templates.for_workload(workload)
@@ -83,7 +82,7 @@ def main(argv=None):
 
     for t, dims in dims_at.items():
         with tempfile.TemporaryDirectory() as work_dir:
-            executable, tuning = baselines.per_shape_metaschedule(workload, hw, dims, trials, work_dir)
+            executable, tuning = baselines.per_shape_metaschedule(workload, hw, dims, options.trials, work_dir)
         record("metaschedule_per_shape", t, seconds_per_call(executable.mod,
                                                              baselines.plain_arguments(operands[t], workload)),
                tuning, "")
@@ -91,7 +90,7 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     report.write_csv(rows, args.out / "tuning_cost.csv")
     ms_total = sum(r["tuning_seconds"] for r in rows if r["method"] == "metaschedule_per_shape")
-    print(f"\n{name}, {trials} trials per shape, T in {sampled_t}")
+    print(f"\n{name}, {options.trials} trials per shape, T in {sampled_t}")
     print(f"tuning wall time: DietCode {dietcode_seconds:.0f} s for all of T in [1,128]; "
           f"MetaSchedule {ms_total:.0f} s for these {len(sampled_t)} shapes "
           f"(DietCode/MetaSchedule = {dietcode_seconds / ms_total:.2f}; projected to all 128 T: "

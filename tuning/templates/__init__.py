@@ -13,7 +13,7 @@ import importlib
 # measurements of older kernels (2: exact GELU's erf became a rational form;
 # 3: batch matmul reads strided [batch, heads, rows, cols] views, scales and adds;
 # 4: dense kernels may read their weight in place; 5: relu keeps NaN;
-# 6: tanh (and GELU's tanh form) became a rational form).
+# 6: tanh (and GELU's tanh form) became a rational form, erf's keeps NaN explicitly).
 TEMPLATES_VERSION = 6
 
 from tvm import s_tir, tirx
