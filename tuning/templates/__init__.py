@@ -13,10 +13,17 @@ import importlib
 # measurements of older kernels (2: exact GELU's erf became a rational form;
 # 3: batch matmul reads strided [batch, heads, rows, cols] views, scales and adds;
 # 4: dense kernels may read their weight in place; 5: relu keeps NaN;
-# 6: tanh (and GELU's tanh form) became a rational form, erf's keeps NaN explicitly).
-TEMPLATES_VERSION = 6
+# 6: tanh (and GELU's tanh form) became a rational form, erf's keeps NaN explicitly;
+# 7: the write-back checks only rows and columns).
+TEMPLATES_VERSION = 7
 
+import functools
+
+import tvm
 from tvm import s_tir, tirx
+from tvm.s_tir.stmt import SBlockRealize
+from tvm.sym import Analyzer
+from tvm.sym.analyzer import ProofStrength
 
 
 def for_workload(workload):
@@ -59,6 +66,36 @@ def accumulate_locally(sch: s_tir.Schedule, block, loop, write_back, vector_loop
     if write_back is not None:
         sch.reverse_compute_at(write_back, loop)
         sch.compute_inline(accumulator)  # the write-back reads the local tile directly
+        check_rows_and_columns_only(sch, write_back)
     sch.vectorize(vector_loop)
     sch.unroll(unroll_loop)
     sch.decompose_reduction(block, reduction_loop)
+
+
+def check_rows_and_columns_only(sch: s_tir.Schedule, write_back) -> None:
+    """Make the write-back's bound check exactly "row < rows and column < columns".
+
+    reverse_compute_at guards the write-back with a term per output dim plus
+    terms for empty ranges (`(i - tiles < 0 or row == 0) and row < M`; for batch
+    matmul also the batch and head decoded from the fused task index), evaluated
+    per element: on one thread that cost a quarter of a K=64 batch-matmul
+    kernel's time. Only the tile's rows and columns (the last two dims) can fall
+    outside the output, the leading dims being iterated exactly, so only they are
+    checked, and only where the loop bounds do not already prove them.
+    """
+    loops = sch.get_loops(write_back)
+    innermost = sch.get(loops[-1])
+    realize = innermost.body
+    if not isinstance(realize, SBlockRealize):
+        raise ValueError(f"the write-back's innermost loop holds {type(realize).__name__}, not its block")
+    analyzer = Analyzer()
+    for loop in map(sch.get, loops):
+        analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
+    checks = [value < var.dom.min + var.dom.extent
+              for value, var in list(zip(realize.iter_values, realize.block.iter_vars))[-2:]]
+    checks = [check for check in checks if not analyzer.can_prove(check, ProofStrength.SYMBOLIC_BOUND)]
+    predicate = functools.reduce(tirx.And, checks) if checks else tirx.const(True, "bool")
+    guarded = SBlockRealize(realize.iter_values, predicate, realize.block)
+    loop = tirx.For(innermost.loop_var, innermost.min, innermost.extent, innermost.kind, guarded,
+                    innermost.thread_binding, innermost.annotations)
+    sch.state.replace(sch.get_sref(loops[-1]), loop, {realize.block: realize.block})
