@@ -61,10 +61,12 @@ def test_symbolic_kernel_is_right_at_every_shape(rng, workload):
                                        rtol=1e-4, atol=1e-4, err_msg=f"{kernel.name} at {dims}")
 
 
-def test_static_compile_matches_symbolic(rng):
-    workload, hw = WORKLOADS[8], hardware.detect()
+@pytest.mark.parametrize("workload,shape", [(WORKLOADS[0], (1,)), (WORKLOADS[8], (29,)), (WORKLOADS[8], (1,)),
+                                            (WORKLOADS[9], (1,))], ids=lambda v: ids(v) if isinstance(v, Workload) else v)
+def test_static_compile_matches_symbolic(rng, workload, shape):
+    hw = hardware.detect()
     kernel = sample_kernels(workload, 1, rng)[0]
-    dims = workload.dims_at((29,))
+    dims = workload.dims_at(shape)
     operands = templates.for_workload(workload).random_operands(workload, dims, rng)
     outputs = []
     for compiled_dims in (None, dims):

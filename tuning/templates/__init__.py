@@ -83,11 +83,11 @@ def check_rows_and_columns_only(sch: s_tir.Schedule, write_back) -> None:
     outside the output, the leading dims being iterated exactly, so only they are
     checked, and only where the loop bounds do not already prove them.
     """
+    if not isinstance(sch.get(sch.get_loops(write_back)[-1]).body, SBlockRealize):
+        sch.add_unit_loop(write_back)  # a static tile of one row and column gets no loop of its own
     loops = sch.get_loops(write_back)
     innermost = sch.get(loops[-1])
     realize = innermost.body
-    if not isinstance(realize, SBlockRealize):
-        raise ValueError(f"the write-back's innermost loop holds {type(realize).__name__}, not its block")
     analyzer = Analyzer()
     for loop in map(sch.get, loops):
         analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent))
