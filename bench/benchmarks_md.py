@@ -108,8 +108,7 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
              + (" A quick run tunes 12 micro-kernels per workload (the default budget: 64) at 4 sample "
                 "lengths per range and times T in {1, 17, 62, 128}: its tuned figures are below what the "
                 "default budget gives. It tunes DietCode's four kernel workloads only (BERT's other dense "
-                "shapes are tuned in the full run) and runs BERT-base without the merged-Q/K/V variant; "
-                "per-shape MetaSchedule tunes T=62 only, with the quick budget's population (64, its default 512)."
+                "shapes are tuned in the full run) and runs BERT-base without the merged-Q/K/V variant."
                 if quick else ""),
              "## Machine\n\n" + machine(),
              "## Method\n\n" + METHOD,

@@ -83,19 +83,15 @@ def plain_arguments(operands: dict, workload: Workload) -> list:
 
 
 def per_shape_metaschedule(workload: Workload, hw: Hardware, dims: dict[str, int], trials: int,
-                           work_dir: str, seed: int = 0, population: int | None = None):
-    """MetaSchedule's best kernel for these static dims, and the tuning wall time in seconds.
-    `population`: its evolutionary search's population (None: MetaSchedule's default, 512)."""
+                           work_dir: str, seed: int = 0):
+    """MetaSchedule's best kernel for these static dims, and the tuning wall time in seconds."""
     from tvm.s_tir import meta_schedule as ms
 
     mod = tvm.IRModule({"main": plain_prim_func(workload, dims)})
     target = hw.target()
-    strategy = ("evolutionary" if population is None else
-                ms.search_strategy.EvolutionarySearch(population_size=population,
-                                                      init_min_unmeasured=min(50, population)))
     started = time.perf_counter()
     database = ms.tune_tir(mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 16),
-                           num_tuning_cores=hw.cores, seed=seed, strategy=strategy)
+                           num_tuning_cores=hw.cores, seed=seed)
     schedule = ms.tir_integration.compile_tir(database, mod, target)
     seconds = time.perf_counter() - started
     return tvm.compile(schedule.mod, target=target), seconds
