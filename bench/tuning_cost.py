@@ -6,8 +6,8 @@ baseline beside them.
 
 DietCode measures each of its `trials` micro-kernels at every sample shape, so
 MetaSchedule gets `trials` trials per shape. Shapes: T in {5,24,43,62,81,100,
-119,128} (T=62 and the quick budget with --quick: MetaSchedule takes ~2
-minutes a shape even then). Writes tuning_cost.csv: per method and T the
+119,128} (T=62 and the quick budget with --quick: MetaSchedule takes ~4
+minutes a shape even then, most of it outside its search). Writes tuning_cost.csv: per method and T the
 kernel time (TVM time_evaluator) and the method's tuning wall time.
 """
 
