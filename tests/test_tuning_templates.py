@@ -46,19 +46,39 @@ def edge_shapes(workload, rng):
     return sorted(shapes)
 
 
+def assert_right_at_edge_shapes(workload, kernel, rng):
+    """The symbolic kernel against the float64 reference at edge_shapes."""
+    template = templates.for_workload(workload)
+    executable = measure.compile_kernel(workload, kernel, hardware.detect())
+    for shape in edge_shapes(workload, rng):
+        dims = workload.dims_at(shape)
+        operands = template.random_operands(workload, dims, rng)
+        arguments = template.kernel_arguments(operands, workload, kernel)
+        measure.run(executable, arguments)
+        np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
+                                   rtol=1e-4, atol=1e-4, err_msg=f"{kernel.name} at {dims}")
+
+
 @pytest.mark.parametrize("workload", WORKLOADS, ids=ids)
 def test_symbolic_kernel_is_right_at_every_shape(rng, workload):
-    hw = hardware.detect()
-    template = templates.for_workload(workload)
     for kernel in sample_kernels(workload, 3, rng):
-        executable = measure.compile_kernel(workload, kernel, hw)
-        for shape in edge_shapes(workload, rng):
-            dims = workload.dims_at(shape)
-            operands = template.random_operands(workload, dims, rng)
-            arguments = template.kernel_arguments(operands, workload, kernel)
-            measure.run(executable, arguments)
-            np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
-                                       rtol=1e-4, atol=1e-4, err_msg=f"{kernel.name} at {dims}")
+        assert_right_at_edge_shapes(workload, kernel, rng)
+
+
+def test_in_place_row_tasks_share_one_copied_panel(rng):
+    """task_m > 1 with the weight in place: a task copies its panel once (inside the
+    parallel task loop, before its row tiles, vectorized) and the register tile reads
+    the copy, right at every shape (rows padded to whole row tasks)."""
+    workload = WORKLOADS[6]
+    kernel = micro_kernel.MicroKernel(3, 16, 40, 1, True, task_m=4)
+    assert kernel in micro_kernel.space(hardware.detect(), workload)
+    sch = s_tir.Schedule(dense.schedule(workload, kernel))
+    copy_loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("w_global"))]
+    assert len(copy_loops) == 4 and copy_loops[0].kind == tirx.ForKind.PARALLEL
+    assert copy_loops[-1].kind == tirx.ForKind.VECTORIZED
+    reads = {str(region.source) for region in sch.get(sch.get_sblock(f"{dense.COMPUTE_BLOCK}_update")).reads}
+    assert "w_global" in reads and "w" not in reads
+    assert_right_at_edge_shapes(workload, kernel, rng)
 
 
 @pytest.mark.parametrize("workload,shape", [(WORKLOADS[0], (1,)), (WORKLOADS[8], (29,)), (WORKLOADS[8], (1,)),
@@ -78,12 +98,16 @@ def test_static_compile_matches_symbolic(rng, workload, shape):
 
 def test_weight_layouts_of_the_space():
     """A dense space holds both weight layouts unless the workload fixes one; a weight
-    read in place is never padded, so its tasks split N exactly."""
+    read in place is never padded, so its tasks split N exactly, and its tasks may run
+    several row tiles from a copied panel."""
     hw = hardware.detect()
     for layout, expected in (("any", {True, False}), ("packed", {True}), ("in_place", {False})):
         space = micro_kernel.space(hw, Workload("dense", (1, 64), 48, 40, weight_layout=layout))
         assert {k.packed for k in space} == expected
         assert all(48 % (k.tile_n * k.task_n) == 0 for k in space if not k.packed)
+        # Row tasks that copy their panel exist only where the weight must stay in place.
+        assert {k.task_m for k in space if k.packed} <= {1}
+        assert {k.task_m for k in space if not k.packed} == {"any": {1}, "packed": set(), "in_place": {1, 4, 8, 16}}[layout]
     assert not any(k.packed for k in micro_kernel.space(hw, WORKLOADS[8]))
 
 

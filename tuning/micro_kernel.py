@@ -21,12 +21,14 @@ class MicroKernel:
     task_n: int    # tile_n blocks per parallel task (cache blocking of N)
     k_outer: bool  # K blocks outside (True) or inside (False) the task's N blocks
     packed: bool = False  # dense: weight pre-packed in tile_n blocks (True) or read in place as w[K, N]
+    task_m: int = 1  # dense in place: register-tile rows per task, sharing the task's panel copied contiguous
 
     @property
     def name(self) -> str:
         order = "ko" if self.k_outer else "ki"
         layout = "_p" if self.packed else ""
-        return f"m{self.tile_m}_n{self.tile_n}_k{self.tile_k}_t{self.task_n}_{order}{layout}"
+        rows = f"_r{self.task_m}" if self.task_m > 1 else ""
+        return f"m{self.tile_m}_n{self.tile_n}_k{self.tile_k}_t{self.task_n}_{order}{layout}{rows}"
 
 
 def _register_tiles(hw: Hardware):
@@ -58,6 +60,17 @@ def _weight_layouts(workload: Workload, tile_n: int, task_n: int) -> list[bool]:
     return [packed for packed in allowed if packed or workload.n.hi % (tile_n * task_n) == 0]
 
 
+def _row_tiles_per_task(hw: Hardware, workload: Workload, tile_n: int, task_n: int, packed: bool) -> tuple[int, ...]:
+    """task_m values: a weight read in place has each k row of a task's panel N floats
+    from the next (N = 2304 or 3072 maps them onto a few cache sets), so a task may copy
+    its panel (all of K) into a contiguous local once and run several row tiles from it,
+    as GotoBLAS packs B; only where that panel fits in L2, and only for weights that
+    must stay in place (one that may be packed ahead of time never pays per call)."""
+    if packed or workload.weight_layout != "in_place" or workload.k.hi * tile_n * task_n * 4 > hw.l2_bytes:
+        return (1,)
+    return (1, 4, 8, 16)
+
+
 def space(hw: Hardware, workload: Workload) -> list[MicroKernel]:
     """Every micro-kernel the hardware admits for this workload (sizes from hardware limits)."""
     micro_kernels = []
@@ -67,5 +80,6 @@ def space(hw: Hardware, workload: Workload) -> list[MicroKernel]:
         for tile_k, packed in itertools.product(_k_blocks(hw, workload, tile_n),
                                                 _weight_layouts(workload, tile_n, task_n)):
             if tile_k * tile_n * task_n * 4 <= hw.l2_bytes:
-                micro_kernels.append(MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer, packed))
+                micro_kernels += [MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer, packed, task_m)
+                                  for task_m in _row_tiles_per_task(hw, workload, tile_n, task_n, packed)]
     return micro_kernels

@@ -14,8 +14,8 @@ import importlib
 # 3: batch matmul reads strided [batch, heads, rows, cols] views, scales and adds;
 # 4: dense kernels may read their weight in place; 5: relu keeps NaN;
 # 6: tanh (and GELU's tanh form) became a rational form, erf's keeps NaN explicitly;
-# 7: the write-back checks only rows and columns).
-TEMPLATES_VERSION = 7
+# 7: the write-back checks only rows and columns; 8: dense row tasks of task_m row tiles).
+TEMPLATES_VERSION = 8
 
 import functools
 

@@ -3,11 +3,14 @@
 A constant weight may be pre-packed into blocks `wp[NB, K, tile_n]` (zero
 padded to whole parallel tasks), so a task's panel is contiguous; or it is read
 in place as stored, w[K, N] (a trainable variable, which nothing may repack),
-its tasks then splitting N exactly. Either way the register tile reads tile_n
-contiguous floats per k. Local padding: each parallel task fetches its tile_m rows of x into a local
-zero-padded tile (the only bound check on input), accumulates a local
-tile_m x (task_n * tile_n) tile with no checks, and writes back the valid part
-with bias and activation fused (the only bound check on output).
+its tasks then splitting N exactly. A parallel task computes task_m row tiles
+of tile_m rows by task_n blocks of tile_n columns; with a weight read in place
+and task_m > 1 it first copies its panel into a contiguous local one that its
+row tiles share (GotoBLAS' packing of B, per call). Local padding: each row tile
+fetches its tile_m rows of x into a local zero-padded tile (the only bound check
+on input), accumulates a local tile_m x (task_n * tile_n) tile with no checks,
+and writes back the valid part with bias and activation fused (the only bound
+check on output).
 """
 
 import math
@@ -86,23 +89,35 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     """The micro-kernel's schedule applied to prim_func(workload, kernel, dims)."""
     sch = s_tir.Schedule(tvm.IRModule({"main": prim_func(workload, kernel, dims)}))
     block = sch.get_sblock(COMPUTE_BLOCK)
-    sch.pad_einsum(block, [kernel.tile_m, 1, kernel.tile_n, 1])
+    sch.pad_einsum(block, [kernel.tile_m * kernel.task_m, 1, kernel.tile_n, 1])
     copy_out = optional_block(sch, f"{COMPUTE_BLOCK}_pad")
     if copy_out is not None:
         sch.compute_inline(copy_out)  # out reads the padded tile directly
     sch.compute_inline(sch.get_sblock(WEIGHT_VIEW))  # after pad_einsum, which needs plain indices
     i, jo, ji, k = sch.get_loops(block)
-    i_outer, i_inner = sch.split(i, [None, kernel.tile_m])
+    i_task, i_outer, i_inner = sch.split(i, [None, kernel.task_m, kernel.tile_m])
     j_outer, j_inner = sch.split(jo, [None, kernel.task_n])
     k_outer, k_inner = sch.split(k, [None, kernel.tile_k])
     middle = [k_outer, j_inner] if kernel.k_outer else [j_inner, k_outer]
-    sch.reorder(i_outer, j_outer, *middle, k_inner, i_inner, ji)
-    task = sch.fuse(i_outer, j_outer)
+    sch.reorder(i_task, j_outer, i_outer, *middle, k_inner, i_inner, ji)
+    task = sch.fuse(i_task, j_outer)
     sch.parallel(task)
 
-    fetch_into_local(sch, "x_pad", task)            # x rows, zero padded past M
-    accumulate_locally(sch, block, task, sch.get_sblock("out"), ji, i_inner, middle[0])
+    if not kernel.packed and kernel.task_m > 1:
+        copy_panel(sch, block, task, kernel.tile_n)
+    fetch_into_local(sch, "x_pad", i_outer)         # x rows, zero padded past M
+    accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), ji, i_inner, middle[0])
     return sch.mod
+
+
+def copy_panel(sch: s_tir.Schedule, block, task, tile_n: int) -> None:
+    """The task's columns of an in-place weight, all of K, copied once per task into
+    a local [task_n, K, tile_n] panel that its row tiles then read contiguously."""
+    weight = [str(region.source) for region in sch.get(block).reads].index("w")
+    panel = sch.cache_read(block, weight, "global")
+    sch.compute_at(panel, task)
+    sch.transform_layout(panel, ("write", 0), lambda r, j: (j // tile_n, r, j % tile_n))
+    sch.vectorize(sch.split(sch.get_loops(panel)[-1], [None, tile_n])[1])
 
 
 def random_operands(workload: Workload, dims: dict[str, int], rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -140,10 +155,12 @@ def reference_output(operands: dict[str, np.ndarray], workload: Workload) -> np.
 
 
 def task_count(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
-    """Parallel tasks of one call: row tiles times column tasks."""
-    return math.ceil(dims["m"] / kernel.tile_m) * (weight_blocks(workload, kernel) // kernel.task_n)
+    """Parallel tasks of one call: row tasks (task_m row tiles each) times column tasks."""
+    rows = kernel.tile_m * kernel.task_m
+    return math.ceil(dims["m"] / rows) * (weight_blocks(workload, kernel) // kernel.task_n)
 
 
 def computed_elements(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
-    """Output elements computed including padding (rows to tile_m, columns to the packed blocks)."""
-    return math.ceil(dims["m"] / kernel.tile_m) * kernel.tile_m * weight_blocks(workload, kernel) * kernel.tile_n
+    """Output elements computed including padding (rows to whole row tasks, columns to the packed blocks)."""
+    rows = kernel.tile_m * kernel.task_m
+    return math.ceil(dims["m"] / rows) * rows * weight_blocks(workload, kernel) * kernel.tile_n
