@@ -6,9 +6,10 @@ baseline beside them.
 
 DietCode measures each of its `trials` micro-kernels at every sample shape, so
 MetaSchedule gets `trials` trials per shape. Shapes: T in {5,24,43,62,81,100,
-119,128} (T=62 and the quick budget with --quick: MetaSchedule takes ~4
-minutes a shape even then, most of it outside its search). Writes tuning_cost.csv: per method and T the
-kernel time (TVM time_evaluator) and the method's tuning wall time.
+119,128} (T=62 and the quick budget with --quick). Writes tuning_cost.csv: per
+method and T the kernel time (TVM time_evaluator) and the method's tuning wall
+time. MetaSchedule's one-time start-up (parsing its tensor intrinsics) is paid
+before its clock starts: it is per process, not per shape.
 """
 
 import dataclasses
@@ -21,6 +22,11 @@ os.environ.setdefault("TVM_BIND_THREADS", "0")
 
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
+
+# Before TensorFlow (bench.tuned_kernels imports it): MetaSchedule's tensor intrinsics are TVMScript
+# parsed at import, with inspect.stack() per function, which walks every loaded module: measured 26 s
+# alone, 73 s once TensorFlow's modules are loaded (and 115 s under a profiler).
+import tvm.s_tir.tensor_intrin  # noqa: E402,F401
 
 from bench import cli, report  # noqa: E402
 from bench.tuned_kernels import CASES  # noqa: E402

@@ -84,8 +84,10 @@ def plain_arguments(operands: dict, workload: Workload) -> list:
 
 def per_shape_metaschedule(workload: Workload, hw: Hardware, dims: dict[str, int], trials: int,
                            work_dir: str, seed: int = 0):
-    """MetaSchedule's best kernel for these static dims, and the tuning wall time in seconds."""
+    """MetaSchedule's best kernel for these static dims, and the tuning wall time in seconds
+    (from after its one-time import, which parses its tensor intrinsics: per process, not per shape)."""
     from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir import tensor_intrin  # noqa: F401
 
     mod = tvm.IRModule({"main": plain_prim_func(workload, dims)})
     target = hw.target()
