@@ -21,7 +21,7 @@ class MicroKernel:
     task_n: int    # tile_n blocks per parallel task (cache blocking of N)
     k_outer: bool  # K blocks outside (True) or inside (False) the task's N blocks
     packed: bool = False  # dense: weight pre-packed in tile_n blocks (True) or read in place as w[K, N]
-    task_m: int = 1  # dense in place: register-tile rows per task, sharing the task's panel copied contiguous
+    task_m: int = 1  # row tiles per parallel task; > 1 only for in-place dense weights, the task's panel then copied
 
     @property
     def name(self) -> str:
