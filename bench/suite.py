@@ -6,7 +6,7 @@ Runs each part in its own process, one after another (never two timings at
 once on this 2-core machine), from a fresh output directory (so tuning times
 are not shortened by an earlier run's database):
 peak, kernel_peers, tuned_kernels, tuning_cost, bert_base. --quick gives each
-part its quick mode (a few T, the quick tuning budget): about 20 minutes here;
+part its quick mode (a few T, the quick tuning budget): about 16 minutes here;
 the full run takes about 1.5 hours. Then copies every CSV and plot into
 <docs>/results/suite/ and writes <docs>/BENCHMARKS.md from those CSVs alone.
 """
@@ -32,7 +32,7 @@ def command(part: str, has_quick: bool, quick: bool, out: pathlib.Path) -> list[
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="every part's quick mode (~20 minutes)")
+    parser.add_argument("--quick", action="store_true", help="every part's quick mode (~16 minutes)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/suite"))
     parser.add_argument("--docs", type=pathlib.Path, default=pathlib.Path("docs"))
     args = parser.parse_args(argv)

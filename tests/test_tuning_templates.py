@@ -107,7 +107,8 @@ def test_weight_layouts_of_the_space():
         assert all(48 % (k.tile_n * k.task_n) == 0 for k in space if not k.packed)
         # Row tasks that copy their panel exist only where the weight must stay in place.
         assert {k.task_m for k in space if k.packed} <= {1}
-        assert {k.task_m for k in space if not k.packed} == {"any": {1}, "packed": set(), "in_place": {1, 4, 8, 16}}[layout]
+        expected_task_m = {"any": {1}, "packed": set(), "in_place": {1, 4, 8, 16}}[layout]
+        assert {k.task_m for k in space if not k.packed} == expected_task_m
     assert not any(k.packed for k in micro_kernel.space(hw, WORKLOADS[8]))
 
 

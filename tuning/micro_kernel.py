@@ -60,13 +60,13 @@ def _weight_layouts(workload: Workload, tile_n: int, task_n: int) -> list[bool]:
     return [packed for packed in allowed if packed or workload.n.hi % (tile_n * task_n) == 0]
 
 
-def _row_tiles_per_task(hw: Hardware, workload: Workload, tile_n: int, task_n: int, packed: bool) -> tuple[int, ...]:
+def _row_tiles_per_task(hw: Hardware, workload: Workload, tile_n: int, task_n: int) -> tuple[int, ...]:
     """task_m values: a weight read in place has each k row of a task's panel N floats
     from the next (N = 2304 or 3072 maps them onto a few cache sets), so a task may copy
     its panel (all of K) into a contiguous local once and run several row tiles from it,
     as GotoBLAS packs B; only where that panel fits in L2, and only for weights that
     must stay in place (one that may be packed ahead of time never pays per call)."""
-    if packed or workload.weight_layout != "in_place" or workload.k.hi * tile_n * task_n * 4 > hw.l2_bytes:
+    if workload.weight_layout != "in_place" or workload.k.hi * tile_n * task_n * 4 > hw.l2_bytes:
         return (1,)
     return (1, 4, 8, 16)
 
@@ -81,5 +81,5 @@ def space(hw: Hardware, workload: Workload) -> list[MicroKernel]:
                                                 _weight_layouts(workload, tile_n, task_n)):
             if tile_k * tile_n * task_n * 4 <= hw.l2_bytes:
                 micro_kernels += [MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer, packed, task_m)
-                                  for task_m in _row_tiles_per_task(hw, workload, tile_n, task_n, packed)]
+                                  for task_m in _row_tiles_per_task(hw, workload, tile_n, task_n)]
     return micro_kernels
