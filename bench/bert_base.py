@@ -12,7 +12,8 @@ batch 1..max(batches) and T in [1, 128], and times at every (batch, T):
   adds tuning);
 - xla: the original signature inside tf.function(jit_compile=True), steady
   state (each new shape's compilation happens in the warm-up call);
-- onnxruntime: the original converted with tf2onnx, run by ONNX Runtime;
+- onnxruntime: the original converted with tf2onnx, run by ONNX Runtime with
+  its threads' spinning off (bench.onnx_peer.session says why);
 - tensorflow_onednn_off: the original with TF_ENABLE_ONEDNN_OPTS=0, which TF
   reads once at start-up, so it runs in a child process before the others.
 All with 2 threads. In-process peers are interleaved and the median taken;
@@ -54,7 +55,7 @@ def onnx_session(saved_model: pathlib.Path, path: pathlib.Path):
     """The original converted by tf2onnx (in a child process: it rewrites TF's graph state)."""
     subprocess.run([sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(saved_model), "--output",
                     str(path), "--opset", "17"], check=True, capture_output=True)
-    session = onnx_peer.session(path)
+    session = onnx_peer.session(path, spinning=False)  # its peers run call by call beside it
     return lambda ids: session.run(None, {"input_ids": ids})[0]
 
 

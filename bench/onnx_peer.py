@@ -35,12 +35,21 @@ def export_all(out_dir: pathlib.Path) -> None:
                    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
-def session(model: pathlib.Path | bytes):
-    """An ORT session on a model file (or its bytes) with this suite's threads."""
+def session(model: pathlib.Path | bytes, spinning: bool = True):
+    """An ORT session on a model file (or its bytes) with this suite's threads.
+
+    spinning=False turns off ORT's default of keeping its threads spinning after
+    a run. Timed call by call beside TF peers, the spinning threads slowed the
+    next TF call of a BERT-base at batch 1 from 19 to 32 ms, and it held until
+    TF had run ~50 ms, whatever the idle time in between (400 ms of sleep did not
+    clear it). Without spinning ORT itself measured 0-9% slower on its own
+    (most at T=1), so only call-by-call interleaving turns it off.
+    """
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return onnxruntime.InferenceSession(model if isinstance(model, bytes) else str(model), options,
                                         providers=["CPUExecutionProvider"])
 
