@@ -89,7 +89,7 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     """The micro-kernel's schedule applied to prim_func(workload, kernel, dims)."""
     sch = s_tir.Schedule(tvm.IRModule({"main": prim_func(workload, kernel, dims)}))
     block = sch.get_sblock(COMPUTE_BLOCK)
-    sch.pad_einsum(block, [kernel.tile_m * kernel.task_m, 1, kernel.tile_n, 1])
+    sch.pad_einsum(block, [task_rows(kernel), 1, kernel.tile_n, 1])
     copy_out = optional_block(sch, f"{COMPUTE_BLOCK}_pad")
     if copy_out is not None:
         sch.compute_inline(copy_out)  # out reads the padded tile directly
@@ -154,13 +154,17 @@ def reference_output(operands: dict[str, np.ndarray], workload: Workload) -> np.
     }[workload.activation](out)
 
 
+def task_rows(kernel: MicroKernel) -> int:
+    """Rows of one row task (task_m row tiles): what rows are padded to."""
+    return kernel.tile_m * kernel.task_m
+
+
 def task_count(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
     """Parallel tasks of one call: row tasks (task_m row tiles each) times column tasks."""
-    rows = kernel.tile_m * kernel.task_m
-    return math.ceil(dims["m"] / rows) * (weight_blocks(workload, kernel) // kernel.task_n)
+    return math.ceil(dims["m"] / task_rows(kernel)) * (weight_blocks(workload, kernel) // kernel.task_n)
 
 
 def computed_elements(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
     """Output elements computed including padding (rows to whole row tasks, columns to the packed blocks)."""
-    rows = kernel.tile_m * kernel.task_m
+    rows = task_rows(kernel)
     return math.ceil(dims["m"] / rows) * rows * weight_blocks(workload, kernel) * kernel.tile_n
