@@ -90,7 +90,7 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as work_dir:
             executable, tuning = baselines.per_shape_metaschedule(workload, hw, dims, options.trials, work_dir)
         record("metaschedule_per_shape", t, seconds_per_call(executable.mod,
-                                                             baselines.plain_arguments(operands[t], workload)),
+                                                             baselines.plain_arguments(operands[t], workload, dims)),
                tuning, "")
 
     args.out.mkdir(parents=True, exist_ok=True)

@@ -244,6 +244,6 @@ def test_plain_computations_match_the_references(rng):
         expected = template.reference_output(operands, workload)
         sch = tvm.s_tir.Schedule(tvm.IRModule({"main": baselines.plain_prim_func(workload, dims)}))
         executable = tvm.compile(sch.mod, target=hardware.detect().target())
-        arguments = baselines.plain_arguments(operands, workload)
+        arguments = baselines.plain_arguments(operands, workload, dims)
         executable.mod["main"](*arguments)
         np.testing.assert_allclose(arguments[-1].numpy(), expected, rtol=1e-4, atol=1e-4)

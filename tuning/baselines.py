@@ -37,6 +37,13 @@ def largest_shape(workload: Workload, hw: Hardware, runner, options: SearchOptio
     return result, Dispatch(workload, [fastest.kernel], tree, {largest: gflops})
 
 
+def plain_output_shape(workload: Workload, dims: dict[str, int]) -> tuple[int, ...]:
+    """The output shape of plain_prim_func: [M, N] for dense, [b, 1, M, N] for batch matmul."""
+    if workload.kind == "dense":
+        return dims["m"], dims["n"]
+    return dims["b"], 1, dims["m"], dims["n"]
+
+
 def plain_prim_func(workload: Workload, dims: dict[str, int]):
     """The workload at fixed dims as TE, parameters as the template's operands (x, w|y, [bias|addend],
     [alpha]); no layout choice made."""
@@ -48,23 +55,26 @@ def plain_prim_func(workload: Workload, dims: dict[str, int]):
         x = te.placeholder((m, k), "float32", name="x")
         w = te.placeholder((n, k), "float32", name="w")
         params = [x, w]
-        product = te.compute((m, n), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name="product")
+        product = te.compute(plain_output_shape(workload, dims), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r),
+                             name="product")
         if workload.bias:
             bias = te.placeholder((n,), "float32", name="bias")
             params.append(bias)
-        out = te.compute((m, n), lambda i, j: activation.apply(
+        out = te.compute(product.shape, lambda i, j: activation.apply(
             workload.activation, product[i, j] + bias[j] if workload.bias else product[i, j]), name="out")
         return te.create_prim_func([*params, out])
     x = te.placeholder((b, 1, m, k), "float32", name="x")
     y = te.placeholder((b, 1, n, k) if workload.transpose_b else (b, 1, k, n), "float32", name="y")
     if workload.transpose_b:
-        product = te.compute((b, 1, m, n), lambda p, h, i, j: te.sum(x[p, h, i, r] * y[p, h, j, r], axis=r))
+        product = te.compute(plain_output_shape(workload, dims),
+                             lambda p, h, i, j: te.sum(x[p, h, i, r] * y[p, h, j, r], axis=r))
     else:
-        product = te.compute((b, 1, m, n), lambda p, h, i, j: te.sum(x[p, h, i, r] * y[p, h, r, j], axis=r))
+        product = te.compute(plain_output_shape(workload, dims),
+                             lambda p, h, i, j: te.sum(x[p, h, i, r] * y[p, h, r, j], axis=r))
     alpha = tirx.Var("alpha", "float32")
     params = [x, y]
     if workload.bias:
-        addend = te.placeholder((b, 1, m, n), "float32", name="addend")
+        addend = te.placeholder(product.shape, "float32", name="addend")
         params.append(addend)
         out = te.compute(product.shape, lambda *i: product[i] * alpha + addend[i], name="out")
     else:
@@ -72,14 +82,12 @@ def plain_prim_func(workload: Workload, dims: dict[str, int]):
     return te.create_prim_func([*params, alpha, out])
 
 
-def plain_arguments(operands: dict, workload: Workload) -> list:
+def plain_arguments(operands: dict, workload: Workload, dims: dict[str, int]) -> list:
     """Arguments of plain_prim_func: the template's operands in order (scalars as they are), then
-    a zeroed output."""
-    from tf_dietcode.tuning import templates
-
-    expected = templates.for_workload(workload).reference_output(operands, workload)
+    a zeroed output (its shape derived, not from a float64 reference: that matmul would cost time
+    and leave numpy's BLAS threads spinning beside the kernel timed next)."""
     return [value if isinstance(value, float) else tvm.runtime.tensor(value)
-            for value in (*operands.values(), np.zeros(expected.shape, np.float32))]
+            for value in (*operands.values(), np.zeros(plain_output_shape(workload, dims), np.float32))]
 
 
 def per_shape_metaschedule(workload: Workload, hw: Hardware, dims: dict[str, int], trials: int,
