@@ -1,22 +1,28 @@
 """The fused ops running a bundle's tuned kernels, against the same kernels
 called directly: the cost of going through TF, dispatch included.
 
-    python -m bench.in_op_dispatch [--bundle bench/results/bundle] [--quick]
+    python -m bench.in_op_dispatch [--bundle bench/results/bundle] [--threads 2] [--quick]
 
 Uses the bundle `python -m bench.tuned_kernels` writes (its workloads in the
 cases of bench.tuned_kernels.CASES it holds). At each T, times the op in-graph
 (bench.in_graph_timing) and the kernel the bundle's tree picks for that shape
-through TVM's time_evaluator (no Python, no TF), both on 2 threads. The
-in-graph loop has a cost of its own (the loop step and an identity per input),
-measured with one tf.identity in place of the op; the op's overhead is
-op - kernel - that loop cost. Writes in_op_dispatch.csv.
+through TVM's time_evaluator (no Python, no TF), both on --threads threads.
+The in-graph loop has a cost of its own (the loop step and an identity per
+input), measured with one IdentityN of the inputs in place of the op; the
+op's overhead is op - kernel - that loop cost.
+
+The kernels called directly take their workspace from the ops' arena too
+(the ops point the loaded library at it), but run their parallel loops on
+TVM's pool, whose threads spin, where the ops use TF's pool, whose threads
+sleep between ops: with one thread the overhead is dispatch and call alone,
+with two it includes waking a pool thread. Writes
+in_op_dispatch_threads<N>.csv.
 """
 
 import ctypes
 import os
 import pathlib
 
-os.environ.setdefault("TVM_NUM_THREADS", "2")
 os.environ.setdefault("TVM_BIND_THREADS", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -49,9 +55,11 @@ def op_call(workload: Workload, entry: dict, path: str, operands: dict[str, np.n
 def main(argv=None):
     parser = cli.parser(__doc__, "bench/results", "a few T")
     parser.add_argument("--bundle", type=pathlib.Path, default=pathlib.Path("bench/results/bundle"))
+    parser.add_argument("--threads", type=int, default=2, help="TF intra-op threads and TVM's pool size")
     args = parser.parse_args(argv)
     manifest = read_bundle_manifest(args.bundle)
-    use_threads()
+    use_threads(args.threads)
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)  # read when TVM's pool starts, at its first kernel
     library = ctypes.CDLL(str(args.bundle / bundle.LIBRARY))
     module = tvm.runtime.load_module(str(args.bundle / bundle.LIBRARY))
     rng = np.random.default_rng(0)
@@ -75,14 +83,14 @@ def main(argv=None):
     for name, t, workload, entry, _, operands in jobs:
         compute, inputs = op_call(workload, entry, path, operands)
         op_times.append((in_graph_timing.seconds_per_call(compute, inputs, repeats=9),
-                         in_graph_timing.seconds_per_call(lambda *xs: tf.identity(xs[0]), inputs, repeats=9)))
+                         in_graph_timing.seconds_per_call(lambda *xs: tf.identity_n(xs)[0], inputs, repeats=9)))
     rows = []
     for (name, t, workload, entry, kernel_entry, operands), (op_seconds, loop_seconds) in zip(jobs, op_times):
         kernel = MicroKernel(**kernel_entry["params"])
         kernel_seconds = tvm_seconds(module, kernel_entry["symbol"],
                                      templates.for_workload(workload).kernel_arguments(operands, workload, kernel))
         overhead = op_seconds - loop_seconds - kernel_seconds
-        rows.append({"workload": name, "T": t, "kernel": kernel_entry["name"],
+        rows.append({"workload": name, "T": t, "threads": args.threads, "kernel": kernel_entry["name"],
                      "op_us": op_seconds * 1e6, "loop_us": loop_seconds * 1e6,
                      "kernel_us": kernel_seconds * 1e6, "overhead_us": overhead * 1e6,
                      "op_over_kernel": (op_seconds - loop_seconds) / kernel_seconds})
@@ -93,8 +101,9 @@ def main(argv=None):
     if stats["generic_calls"]:
         raise SystemExit(f"{stats['generic_calls']} op calls ran the generic kernel: the bundle did not cover them")
     args.out.mkdir(parents=True, exist_ok=True)
-    report.write_csv(rows, args.out / "in_op_dispatch.csv")
-    print(f"wrote {args.out / 'in_op_dispatch.csv'}")
+    csv = args.out / f"in_op_dispatch_threads{args.threads}.csv"
+    report.write_csv(rows, csv)
+    print(f"wrote {csv}")
 
 
 if __name__ == "__main__":

@@ -68,27 +68,6 @@ bool BroadcastStrides(const Dims& dims, const Dims& stored_strides,
   return true;
 }
 
-// Offset of every element of `dims`, in row-major order, under `strides`.
-Dims Offsets(const Dims& dims, const Dims& strides) {
-  int64_t count = 1;
-  for (int64_t d : dims) count *= d;
-  Dims offsets(count, 0);
-  Dims index(dims.size(), 0);
-  int64_t offset = 0;
-  for (int64_t e = 0; e < count; ++e) {
-    offsets[e] = offset;
-    for (int i = static_cast<int>(dims.size()) - 1; i >= 0; --i) {
-      if (++index[i] < dims[i]) {
-        offset += strides[i];
-        break;
-      }
-      offset -= strides[i] * (dims[i] - 1);
-      index[i] = 0;
-    }
-  }
-  return offsets;
-}
-
 Dims Head(const Dims& dims, size_t n) {
   return Dims(dims.begin(), dims.begin() + n);
 }
@@ -107,6 +86,16 @@ void PermuteOperand(const Dims& stored, const std::vector<int32_t>& perm,
 }
 
 }  // namespace
+
+int64_t ContractionPlan::BatchOffset(const std::vector<int64_t>& batch_strides,
+                                     int64_t batch) const {
+  int64_t offset = 0;
+  for (int i = static_cast<int>(batch_dims.size()) - 1; i >= 0; --i) {
+    offset += (batch % batch_dims[i]) * batch_strides[i];
+    batch /= batch_dims[i];
+  }
+  return offset;
+}
 
 Activation ParseActivation(const std::string& name) {
   if (name == "relu") return Activation::kRelu;
@@ -218,11 +207,10 @@ Status PlanBatchMatMul(const TensorShape& x, const TensorShape& y,
   // Nothing to place: an empty output's batch may still be huge.
   if (plan->out_shape.num_elements() == 0) return Status();
 
-  Dims strides;
-  BroadcastStrides(xb, Head(xs, xr - 2), batch, &strides);
-  plan->a_offsets = Offsets(batch, strides);
-  BroadcastStrides(yb, Head(ys, yr - 2), batch, &strides);
-  plan->b_offsets = Offsets(batch, strides);
+  plan->batch_count = 1;
+  for (int64_t d : batch) plan->batch_count *= d;
+  BroadcastStrides(xb, Head(xs, xr - 2), batch, &plan->a_batch_strides);
+  BroadcastStrides(yb, Head(ys, yr - 2), batch, &plan->b_batch_strides);
   Dims product_strides = DenseStrides(product);  // [j]: product axis j's, in the output
   if (!perm.empty()) {
     const Dims out_strides = DenseStrides(out_dims);
@@ -230,11 +218,11 @@ Status PlanBatchMatMul(const TensorShape& x, const TensorShape& y,
       product_strides[perm[i]] = out_strides[i];
     }
   }
-  plan->out_offsets = Offsets(batch, Head(product_strides, nb));
+  plan->out_batch_strides = Head(product_strides, nb);
   plan->out_row_stride = product_strides[nb];
   plan->out_col_stride = product_strides[nb + 1];
   if (addend != nullptr) {
-    plan->addend_offsets = Offsets(batch, Head(addend_strides, nb));
+    plan->addend_batch_strides = Head(addend_strides, nb);
     plan->addend_row_stride = addend_strides[nb];
     plan->addend_col_stride = addend_strides[nb + 1];
   }

@@ -33,16 +33,20 @@ struct ContractionPlan {
   // b_block_cols == 0: b is one plain matrix.
   int64_t b_block_cols = 0, b_block_stride = 0;
 
-  // One entry per output matrix (the broadcast batch, flattened row-major
-  // over batch_dims).
+  // The broadcast batch: product matrices numbered row-major over
+  // batch_dims, each operand placed by element strides per batch dim (0 for
+  // a broadcast dim). Strides, not per-matrix offsets, so planning a call
+  // costs the same for any batch size.
   std::vector<int64_t> batch_dims;
-  std::vector<int64_t> a_offsets, b_offsets, out_offsets, addend_offsets;
+  std::vector<int64_t> a_batch_strides, b_batch_strides, out_batch_strides,
+      addend_batch_strides;
+  int64_t batch_count = 0;  // product matrices; 0 when the output is empty
 
   // Where element (row, col) of one product matrix lands in the output.
   int64_t out_row_stride = 0, out_col_stride = 1;
 
-  // Epilogue. An addend (bias or broadcast add) is read at
-  // addend_offsets[batch] + row * addend_row_stride + col * addend_col_stride;
+  // Epilogue. An addend (bias or broadcast add) is read at its batch offset
+  // + row * addend_row_stride + col * addend_col_stride;
   // a stride of 0 is a broadcast dimension.
   float alpha = 1.0f;
   bool has_addend = false;
@@ -51,7 +55,11 @@ struct ContractionPlan {
 
   tensorflow::TensorShape out_shape;
 
-  int64_t batch() const { return static_cast<int64_t>(out_offsets.size()); }
+  int64_t batch() const { return batch_count; }
+
+  // Where product matrix `batch` starts in an operand with `batch_strides`.
+  int64_t BatchOffset(const std::vector<int64_t>& batch_strides,
+                      int64_t batch) const;
 };
 
 // DietcodeFusedMatMul: a[M,K] (or [K,M]), b[K,N] (or [N,K]), optional

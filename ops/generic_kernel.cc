@@ -100,10 +100,10 @@ void RunTile(const ContractionPlan& p, const float* a, const float* b,
              const float* addend, float* out, int64_t batch, int64_t row0,
              int64_t col0, int64_t rows, int64_t cols,
              std::vector<float>* scratch) {
-  const float* a_tile =
-      a + p.a_offsets[batch] + row0 * (p.transpose_a ? 1 : p.lda);
-  float* out_tile = out + p.out_offsets[batch] + row0 * p.out_row_stride +
-                    col0 * p.out_col_stride;
+  const float* a_tile = a + p.BatchOffset(p.a_batch_strides, batch) +
+                       row0 * (p.transpose_a ? 1 : p.lda);
+  float* out_tile = out + p.BatchOffset(p.out_batch_strides, batch) +
+                    row0 * p.out_row_stride + col0 * p.out_col_stride;
   const bool in_place = p.out_col_stride == 1;
   float* c = out_tile;
   int64_t ldc = p.out_row_stride;
@@ -112,16 +112,19 @@ void RunTile(const ContractionPlan& p, const float* a, const float* b,
     c = scratch->data();
     ldc = cols;
   }
-  GemmColumns(p, a_tile, b + p.b_offsets[batch], rows, col0, cols, c, ldc);
+  GemmColumns(p, a_tile, b + p.BatchOffset(p.b_batch_strides, batch), rows,
+              col0, cols, c, ldc);
 
   if (HasEpilogue(p)) {
+    const float* addend_tile =
+        p.has_addend ? addend + p.BatchOffset(p.addend_batch_strides, batch) +
+                           row0 * p.addend_row_stride +
+                           col0 * p.addend_col_stride
+                     : nullptr;
     for (int64_t i = 0; i < rows; ++i) {
-      const float* addend_row =
-          p.has_addend ? addend + p.addend_offsets[batch] +
-                             (row0 + i) * p.addend_row_stride +
-                             col0 * p.addend_col_stride
-                       : nullptr;
-      ApplyEpilogue(p, c + i * ldc, cols, addend_row);
+      ApplyEpilogue(p, c + i * ldc, cols,
+                    p.has_addend ? addend_tile + i * p.addend_row_stride
+                                 : nullptr);
     }
   }
   if (!in_place) {

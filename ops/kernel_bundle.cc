@@ -274,7 +274,7 @@ void KernelBundle::Load() {
     for (const auto& entry : Field<json::Array>(manifest, "workloads")) {
       workloads_.push_back(ParseWorkload(entry.cast<json::Object>(), module, handle));
     }
-    hook_ = FindParallelLaunchHook(handle);
+    hooks_ = FindBackendHooks(handle);
   } catch (const std::exception& e) {
     problem_ = e.what();
     workloads_.clear();

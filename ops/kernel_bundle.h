@@ -90,7 +90,7 @@ class KernelBundle {
     generic_calls_.fetch_add(1, std::memory_order_relaxed);
   }
 
-  ParallelLaunchHook* parallel_launch_hook() const { return hook_; }
+  const BackendHooks& backend_hooks() const { return hooks_; }
 
   // Calls per kernel and generic calls, as JSON, for tests and debugging.
   std::string StatsJson() const;
@@ -102,7 +102,7 @@ class KernelBundle {
   std::string path_;
   std::string problem_;
   std::vector<std::unique_ptr<TunedWorkload>> workloads_;
-  ParallelLaunchHook* hook_ = nullptr;
+  BackendHooks hooks_;
   mutable std::atomic<int64_t> generic_calls_{0};
 };
 

@@ -17,18 +17,26 @@ using tensorflow::Tensor;
 // vector loads), but TF slices can start anywhere.
 constexpr uintptr_t kKernelAlignment = 64;
 
-// Strides (batch, head) with offsets[i] == (i / heads) * batch_stride +
-// (i % heads) * head_stride for every batch matrix i, or false when the
-// offsets are not of that form (e.g. three batch dims that do not collapse).
-bool FactorOffsets(const std::vector<int64_t>& offsets, int64_t heads,
-                   int64_t strides[4]) {
-  const int64_t count = static_cast<int64_t>(offsets.size());
-  strides[0] = count > heads ? offsets[heads] : 0;
-  strides[1] = heads > 1 ? offsets[1] : 0;
-  for (int64_t i = 0; i < count; ++i) {
-    if (offsets[i] != (i / heads) * strides[0] + (i % heads) * strides[1]) {
+// The (batch, head) strides of an operand placed by `strides` over
+// `batch_dims`: the head is the last batch dim and every earlier dim folds
+// into one batch dim, or false when they do not fold (e.g. three batch dims
+// whose strides are not row-major). Dims of size 1 place nothing.
+bool FoldBatchStrides(const std::vector<int64_t>& batch_dims,
+                      const std::vector<int64_t>& strides, int64_t folded[2]) {
+  const int heads_dim = static_cast<int>(batch_dims.size()) - 1;
+  folded[0] = folded[1] = 0;
+  if (heads_dim < 0) return true;
+  if (batch_dims[heads_dim] > 1) folded[1] = strides[heads_dim];
+  int64_t inner = 0;  // matrices per step of the dim, in folded batches
+  for (int i = heads_dim - 1; i >= 0; --i) {
+    if (batch_dims[i] == 1) continue;
+    if (inner == 0) {
+      folded[0] = strides[i];
+      inner = 1;
+    } else if (strides[i] != folded[0] * inner) {
       return false;
     }
+    inner *= batch_dims[i];
   }
   return true;
 }
@@ -57,11 +65,11 @@ std::optional<TunedCall> Describe(const ContractionPlan& p, const Tensor& b) {
   if (p.out_col_stride != 1) return std::nullopt;
   call.heads = p.batch_dims.empty() ? 1 : p.batch_dims.back();
   call.batches = p.batch() / call.heads;
-  if (!FactorOffsets(p.a_offsets, call.heads, call.x_strides) ||
-      !FactorOffsets(p.b_offsets, call.heads, call.y_strides) ||
-      !FactorOffsets(p.out_offsets, call.heads, call.out_strides) ||
-      (p.has_addend &&
-       !FactorOffsets(p.addend_offsets, call.heads, call.addend_strides))) {
+  if (!FoldBatchStrides(p.batch_dims, p.a_batch_strides, call.x_strides) ||
+      !FoldBatchStrides(p.batch_dims, p.b_batch_strides, call.y_strides) ||
+      !FoldBatchStrides(p.batch_dims, p.out_batch_strides, call.out_strides) ||
+      (p.has_addend && !FoldBatchStrides(p.batch_dims, p.addend_batch_strides,
+                                         call.addend_strides))) {
     return std::nullopt;
   }
   call.x_strides[2] = p.lda;
@@ -143,7 +151,7 @@ tensorflow::Status CallKernel(tensorflow::OpKernelContext* ctx,
                           std::initializer_list<int64_t>{os[0], os[1], os[2], os[3]}));
   }
 
-  RouteParallelLaunch(bundle.parallel_launch_hook());
+  RouteBackendCalls(bundle.backend_hooks());
   ScopedIntraOpPool pool(ctx->device()->tensorflow_cpu_worker_threads());
   try {
     tvm::ffi::Any unused;

@@ -11,6 +11,7 @@
 #include "tensorflow/core/platform/logging.h"
 #include "tvm/ffi/c_api.h"
 #include "tvm/runtime/c_backend_api.h"
+#include "workspace_arena.h"
 
 namespace tf_dietcode {
 namespace {
@@ -61,6 +62,12 @@ int LaunchOnIntraOpPool(FTVMParallelLambda flambda, void* cdata,
   return launch->failed ? -1 : 0;
 }
 
+void Point(void** hook, void* ours) {
+  if (hook != nullptr && __atomic_load_n(hook, __ATOMIC_RELAXED) != ours) {
+    __atomic_store_n(hook, ours, __ATOMIC_RELAXED);
+  }
+}
+
 }  // namespace
 
 void ExposeTvmFfiSymbols() {
@@ -77,17 +84,19 @@ void ExposeTvmFfiSymbols() {
   });
 }
 
-ParallelLaunchHook* FindParallelLaunchHook(void* library_handle) {
-  return static_cast<ParallelLaunchHook*>(
-      dlsym(library_handle, "__TVMBackendParallelLaunch"));
+BackendHooks FindBackendHooks(void* library_handle) {
+  auto find = [library_handle](const char* name) {
+    return static_cast<void**>(dlsym(library_handle, name));
+  };
+  return {find("__TVMBackendParallelLaunch"),
+          find("__TVMBackendAllocWorkspace"),
+          find("__TVMBackendFreeWorkspace")};
 }
 
-void RouteParallelLaunch(ParallelLaunchHook* hook) {
-  if (hook == nullptr) return;
-  void* ours = reinterpret_cast<void*>(&LaunchOnIntraOpPool);
-  if (__atomic_load_n(hook, __ATOMIC_RELAXED) != ours) {
-    __atomic_store_n(hook, ours, __ATOMIC_RELAXED);
-  }
+void RouteBackendCalls(const BackendHooks& hooks) {
+  Point(hooks.parallel_launch, reinterpret_cast<void*>(&LaunchOnIntraOpPool));
+  Point(hooks.alloc_workspace, reinterpret_cast<void*>(&ArenaAllocWorkspace));
+  Point(hooks.free_workspace, reinterpret_cast<void*>(&ArenaFreeWorkspace));
 }
 
 ScopedIntraOpPool::ScopedIntraOpPool(

@@ -1,11 +1,13 @@
 // How TVM-compiled kernels run inside a TF op.
 //
-// - Their parallel loops run on the op's TF intra-op pool, never on TVM's own
-//   pool (which pins the calling thread to a core and, with two ops at once,
-//   oversubscribes the cores): a kernel library's parallel-launch hook points
-//   at LaunchOnIntraOpPool, which uses the pool the calling op set with
-//   ScopedIntraOpPool (TVM's own launcher when none is set, e.g. for Python
-//   callers of the same library).
+// - A kernel library calls TVM's runtime through pointers of its own, which
+//   TVM's loader sets and RouteBackendCalls re-points:
+//   - parallel loops run on the op's TF intra-op pool, never on TVM's own
+//     pool (which pins the calling thread to a core and, with two ops at
+//     once, oversubscribes the cores): LaunchOnIntraOpPool uses the pool the
+//     calling op set with ScopedIntraOpPool (TVM's own launcher when none is
+//     set, e.g. for Python callers of the same library);
+//   - workspace comes from a per-thread arena (workspace_arena.h).
 // - libtvm_ffi's symbols are made global, so a kernel that raises finds
 //   TVMFFIErrorSetRaisedFromCStrParts although tf.load_op_library loaded us
 //   with RTLD_LOCAL (without this the process dies on the first error).
@@ -25,14 +27,19 @@ namespace tf_dietcode {
 // Idempotent and thread-safe.
 void ExposeTvmFfiSymbols();
 
-// The parallel-launch hook of a loaded kernel library (found with dlsym on
-// its handle), or null when its kernels have no parallel loops.
-using ParallelLaunchHook = void*;
-ParallelLaunchHook* FindParallelLaunchHook(void* library_handle);
+// A loaded kernel library's runtime hooks (found with dlsym on its handle);
+// each is null when its kernels never make that call.
+struct BackendHooks {
+  void** parallel_launch = nullptr;
+  void** alloc_workspace = nullptr;
+  void** free_workspace = nullptr;
+};
+BackendHooks FindBackendHooks(void* library_handle);
 
-// Points `hook` at LaunchOnIntraOpPool. Cheap; called before every kernel
-// call because loading the same library again (e.g. from Python) resets it.
-void RouteParallelLaunch(ParallelLaunchHook* hook);
+// Points the hooks at LaunchOnIntraOpPool and the workspace arena. Cheap;
+// called before every kernel call because loading the same library again
+// (e.g. from Python) resets them.
+void RouteBackendCalls(const BackendHooks& hooks);
 
 // While alive, TVM parallel loops started on this thread run on `workers`.
 class ScopedIntraOpPool {

@@ -173,3 +173,24 @@ def test_tuned_kernels_leave_thread_affinity_alone(tuned_bundle, rng):
         q = random_tensor(rng, (3, t, 8))
         ops.fused_batch_matmul_transpose(q, q, [0, 1, 2], adj_y=True, bundle=str(path)).numpy()
     assert os.sched_getaffinity(0) == before
+
+
+def test_workspace_larger_than_the_arena_start_stays_right(tmp_path, rng):
+    """Tuned kernels take their local tiles from a per-thread arena that starts at
+    256 KiB. An NN product with K up to 20000 fetches [K, columns] panels of 640 KiB or
+    more: the first such call gets them from TVM's pool, later ones from the grown
+    arenas (the caller's and the pool threads'), between calls at small K. All right."""
+    from conftest import SEED, TINY_TUNING_OPTIONS
+    from tf_dietcode.tuning import search
+    from tf_dietcode.tuning.tune import tune
+    from tf_dietcode.tuning.workload import Workload
+
+    path = tmp_path / "bundle"
+    tune([Workload("batch_matmul", (1, 4), 16, (1, 20000), b=2, transpose_b=False)], path,
+         options=search.SearchOptions(**TINY_TUNING_OPTIONS, seed=SEED % 1000), progress=False)
+    for k in (20000, 17, 9000, 20000, 1):
+        x, y = random_tensor(rng, (2, 3, k)), random_tensor(rng, (2, k, 16))
+        out, used = kernel_used(path, lambda: ops.fused_batch_matmul_transpose(
+            x, y, [0, 1, 2], bundle=str(path)).numpy())
+        assert used != "generic", k
+        assert_matches_reference(out, reference.fused_batch_matmul_transpose, [x, y], perm=[0, 1, 2])
