@@ -1,12 +1,14 @@
 // CPU kernels of the Dietcode fused ops: read inputs and attrs into a
 // ContractionPlan, then run it on the bundle's tuned micro-kernel for the
-// shape, or on the generic kernel when none covers it. No mutable state:
-// Compute is thread-safe.
+// shape, or on the generic kernel when none covers it. The only state is the
+// dense op's huge-page backing of its weight (thread-safe): Compute is
+// thread-safe.
 #include <string>
 #include <vector>
 
 #include "contraction_plan.h"
 #include "generic_kernel.h"
+#include "huge_pages.h"
 #include "kernel_bundle.h"
 #include "tuned_kernel.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -81,15 +83,19 @@ class FusedMatMulOp : public FusedContractionOp {
       return InvalidArgument("at most one bias, got ", bias.size());
     }
     if (bias.size() == 1) *addend = &bias[0];
-    return PlanMatMul((*a)->shape(), (*b)->shape(),
-                      *addend ? &(*addend)->shape() : nullptr, transpose_a_,
-                      transpose_b_, packed_n_, activation_, plan);
+    TF_RETURN_IF_ERROR(PlanMatMul((*a)->shape(), (*b)->shape(),
+                                  *addend ? &(*addend)->shape() : nullptr,
+                                  transpose_a_, transpose_b_, packed_n_,
+                                  activation_, plan));
+    weight_pages_.Ensure(**b);
+    return Status();
   }
 
  private:
   bool transpose_a_, transpose_b_;
   int64_t packed_n_;
   Activation activation_;
+  HugePageBacking weight_pages_;
 };
 
 // Both batch ops: `perm` is empty for the Add op, `addend` absent for the

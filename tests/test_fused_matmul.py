@@ -89,6 +89,17 @@ def test_large_shape(rng):
                              activation="gelu_tanh")
 
 
+def test_weight_moved_to_huge_pages_reads_the_same(rng):
+    """The op backs its weight with 2 MiB pages on first use (collapsed in place);
+    the values read before and after are the same."""
+    a, b, bias = operands(rng, 3, 1024, 2048, False, True)  # b: 8 MiB, whole huge pages inside
+    b = tf.constant(b)
+    results = [ops.fused_matmul(a, b, bias, transpose_b=True).numpy() for _ in range(3)]
+    for result in results[1:]:
+        np.testing.assert_array_equal(result, results[0])
+    assert_matches_reference(results[-1], reference.fused_matmul, [a, b, bias], transpose_b=True)
+
+
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_non_finite_values_propagate_like_tf(rng, activation):
     a, b, bias = operands(rng, 6, 5, 4, False, False)
