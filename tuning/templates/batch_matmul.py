@@ -108,7 +108,8 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     if panel is not None and workload.transpose_b:
         sch.transform_layout(panel, ("write", 0), lambda q, g, c, d: (q, g, d, c))
     fetch_into_local(sch, "x_pad", i_outer)         # tile_m rows of x
-    accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), j_inner, i_inner, middle[0])
+    accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), j_inner, i_inner, middle[0],
+                       kernel.task_n == 1)
     return sch.mod
 
 

@@ -106,7 +106,7 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     if not kernel.packed and kernel.task_m > 1:
         copy_panel(sch, block, task, kernel.tile_n)
     fetch_into_local(sch, "x_pad", i_outer)         # x rows, zero padded past M
-    accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), ji, i_inner, middle[0])
+    accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), ji, i_inner, middle[0], kernel.task_n == 1)
     return sch.mod
 
 
