@@ -11,7 +11,7 @@ namespace tf_dietcode {
 namespace {
 
 constexpr size_t kAlignment = 64;
-constexpr size_t kGranule = size_t{64} << 10;         // capacities are multiples
+constexpr size_t kGranule = size_t{64} << 10;  // capacities are multiples
 constexpr size_t kInitialCapacity = size_t{256} << 10;
 
 size_t RoundUp(size_t value, size_t multiple) {
@@ -44,7 +44,8 @@ struct ArenaOwner {
 void Grow(Arena& a) {
   thread_local ArenaOwner owner;
   (void)owner;
-  const size_t capacity = RoundUp(std::max({a.needed, 2 * a.capacity, kInitialCapacity}), kGranule);
+  const size_t capacity =
+      RoundUp(std::max({a.needed, 2 * a.capacity, kInitialCapacity}), kGranule);
   std::free(a.base);
   a.base = static_cast<char*>(std::aligned_alloc(kAlignment, capacity));
   a.capacity = a.base == nullptr ? 0 : capacity;
@@ -57,7 +58,8 @@ void* ArenaAllocWorkspace(int device_type, int device_id, uint64_t nbytes,
   if (device_type == kDLCPU) {
     Arena& a = arena;
     if (a.top == 0 && (a.base == nullptr || a.needed > a.capacity)) Grow(a);
-    const size_t end = a.top + RoundUp(std::max<uint64_t>(nbytes, 1), kAlignment);
+    const size_t end =
+        a.top + RoundUp(std::max<uint64_t>(nbytes, 1), kAlignment);
     if (end <= a.capacity) {
       void* ptr = a.base + a.top;
       a.top = end;
