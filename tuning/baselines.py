@@ -51,12 +51,12 @@ def plain_prim_func(workload: Workload, dims: dict[str, int]):
 
     b, m, n, k = (dims[d] for d in ("b", "m", "n", "k"))
     r = te.reduce_axis((0, k), "k")
+    shape = plain_output_shape(workload, dims)
     if workload.kind == "dense":
         x = te.placeholder((m, k), "float32", name="x")
         w = te.placeholder((n, k), "float32", name="w")
         params = [x, w]
-        product = te.compute(plain_output_shape(workload, dims), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r),
-                             name="product")
+        product = te.compute(shape, lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name="product")
         if workload.bias:
             bias = te.placeholder((n,), "float32", name="bias")
             params.append(bias)
@@ -65,12 +65,8 @@ def plain_prim_func(workload: Workload, dims: dict[str, int]):
         return te.create_prim_func([*params, out])
     x = te.placeholder((b, 1, m, k), "float32", name="x")
     y = te.placeholder((b, 1, n, k) if workload.transpose_b else (b, 1, k, n), "float32", name="y")
-    if workload.transpose_b:
-        product = te.compute(plain_output_shape(workload, dims),
-                             lambda p, h, i, j: te.sum(x[p, h, i, r] * y[p, h, j, r], axis=r))
-    else:
-        product = te.compute(plain_output_shape(workload, dims),
-                             lambda p, h, i, j: te.sum(x[p, h, i, r] * y[p, h, r, j], axis=r))
+    product = te.compute(shape, lambda p, h, i, j: te.sum(
+        x[p, h, i, r] * (y[p, h, j, r] if workload.transpose_b else y[p, h, r, j]), axis=r))
     alpha = tirx.Var("alpha", "float32")
     params = [x, y]
     if workload.bias:
