@@ -114,10 +114,27 @@ def test_search_is_reproducible_and_resumes_from_the_database(tmp_path):
     assert resumed.measured == []  # everything was already in the database
 
 
+def test_first_batch_starts_from_similar_workloads_best_kernels(tmp_path):
+    """A workload tuned after a similar one (same kind and layout, other N/K) measures
+    that one's best kernels first; with no similar workload it starts from the spread."""
+    options = search.SearchOptions(trials=8, batch=8, population=32, samples=3, seed=2)
+    database = Database(tmp_path / "db.jsonl")
+    search.search(WORKLOAD, HW, FormulaRunner(), options, database, progress=False)
+    best = database.best_kernels_elsewhere(Workload("dense", (1, 100), 96, 32), HW.mcpu, 2)
+    formula = {k: -sum(math.log(synthetic_seconds(k, s)) for s in search.sample_shapes(WORKLOAD, 3))
+               for k in {r.kernel for r in database.measurements(WORKLOAD, HW.mcpu)}}
+    assert [formula[k] for k in best] == sorted(formula.values(), reverse=True)[:2]
+    similar, runner = Workload("dense", (1, 100), 96, 32, bias=True), FormulaRunner()
+    search.search(similar, HW, runner, options, database, progress=False)
+    assert runner.measured[:2] == best
+    other_kind = Workload("batch_matmul", (1, 100), 64, 32, b=4)
+    assert database.best_kernels_elsewhere(other_kind, HW.mcpu, 2) == []
+
+
 def test_dispatch_tree_and_its_c_form_agree_for_every_m(tmp_path):
     result = search.search(WORKLOAD, HW, FormulaRunner(), search.SearchOptions(trials=24, seed=5), progress=False)
     chosen = dispatch.build_dispatch(result)
-    assert len({k.tile_n for k in chosen.kernels}) == 1 and len({k.task_n for k in chosen.kernels}) == 1
+    assert len({tuple(templates.dense.weight_layout(WORKLOAD, k).items()) for k in chosen.kernels}) == 1
     source = tmp_path / "dispatch.c"
     source.write_text("#include <stdint.h>\n" + chosen.c_source("pick"))
     library = tmp_path / "dispatch.so"

@@ -81,6 +81,21 @@ def test_in_place_row_tasks_share_one_copied_panel(rng):
     assert_right_at_edge_shapes(workload, kernel, rng)
 
 
+def test_column_tasks_run_every_row_tile(rng):
+    """task_m = 0 with a packed weight: the only parallel loop is over column tasks
+    (each panel read by one core for every row tile), right at every shape."""
+    workload = WORKLOADS[0]
+    kernel = micro_kernel.MicroKernel(3, 8, 48, 1, False, packed=True, task_m=0)
+    assert kernel in micro_kernel.space(hardware.detect(), workload)
+    sch = s_tir.Schedule(dense.schedule(workload, kernel))
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(f"{dense.COMPUTE_BLOCK}_update"))]
+    assert [loop.kind for loop in loops].count(tirx.ForKind.PARALLEL) == 1
+    assert loops[0].kind == tirx.ForKind.PARALLEL and int(loops[0].extent) == 5  # 40 columns / 8
+    assert dense.task_count(workload, kernel, {"m": 64}) == 5
+    assert dense.computed_elements(workload, kernel, {"m": 64}) == 66 * 40  # rows padded to 3
+    assert_right_at_edge_shapes(workload, kernel, rng)
+
+
 @pytest.mark.parametrize("workload,shape", [(WORKLOADS[0], (1,)), (WORKLOADS[8], (29,)), (WORKLOADS[8], (1,)),
                                             (WORKLOADS[9], (1,))], ids=lambda v: ids(v) if isinstance(v, Workload) else v)
 def test_static_compile_matches_symbolic(rng, workload, shape):
@@ -99,16 +114,17 @@ def test_static_compile_matches_symbolic(rng, workload, shape):
 def test_weight_layouts_of_the_space():
     """A dense space holds both weight layouts unless the workload fixes one; a weight
     read in place is never padded, so its tasks split N exactly, and its tasks may run
-    several row tiles from a copied panel."""
+    several row tiles from a copied panel; a packed one's tasks may split N only."""
     hw = hardware.detect()
     for layout, expected in (("any", {True, False}), ("packed", {True}), ("in_place", {False})):
         space = micro_kernel.space(hw, Workload("dense", (1, 64), 48, 40, weight_layout=layout))
         assert {k.packed for k in space} == expected
         assert all(48 % (k.tile_n * k.task_n) == 0 for k in space if not k.packed)
         # Row tasks that copy their panel exist only where the weight must stay in place.
-        assert {k.task_m for k in space if k.packed} <= {1}
-        expected_task_m = {"any": {1}, "packed": set(), "in_place": {1, 4, 8, 16}}[layout]
-        assert {k.task_m for k in space if not k.packed} == expected_task_m
+        packed_task_m = {"any": {1, 0}, "packed": {1, 0}, "in_place": set()}[layout]
+        assert {k.task_m for k in space if k.packed} == packed_task_m
+        in_place_task_m = {"any": {1}, "packed": set(), "in_place": {1, 4, 8, 16}}[layout]
+        assert {k.task_m for k in space if not k.packed} == in_place_task_m
     assert not any(k.packed for k in micro_kernel.space(hw, WORKLOADS[8]))
 
 

@@ -6,10 +6,13 @@ the version of the kernel templates that made it: a measurement of code that
 has since changed is not reused.
 """
 
+import collections
 import json
+import math
 import pathlib
 
 from tf_dietcode.tuning.measure import Measurement
+from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.templates import TEMPLATES_VERSION
 from tf_dietcode.tuning.workload import Workload
 
@@ -47,3 +50,28 @@ class Database:
                 except (KeyError, TypeError):
                     continue
         return found
+
+    def best_kernels_elsewhere(self, workload: Workload, target: str, per_workload: int) -> list[MicroKernel]:
+        """The fastest kernels (geometric mean GFLOP/s over their shapes) of each other
+        workload of the same kind and operand layout on this target: where one tuning
+        run or an earlier one already found good tiles for a similar product, a new
+        workload's search starts from them instead of from scratch."""
+        logs = collections.defaultdict(lambda: collections.defaultdict(list))
+        for record in self._records:
+            if record.get("target") != target or record.get("templates") != TEMPLATES_VERSION \
+                    or record.get("workload") == workload.key() or not record.get("seconds"):
+                continue
+            try:
+                other = Workload.from_key(record["workload"])
+                measurement = Measurement.from_json(record)
+            except (KeyError, TypeError, ValueError):
+                continue
+            if (other.kind, other.transpose_b, other.weight_layout) == \
+                    (workload.kind, workload.transpose_b, workload.weight_layout):
+                flops = other.flops(other.dims_at(measurement.shape))
+                logs[other][measurement.kernel].append(math.log(flops / measurement.seconds))
+        best = []
+        for by_kernel in logs.values():
+            ranked = sorted(by_kernel, key=lambda k: -sum(by_kernel[k]) / len(by_kernel[k]))
+            best += ranked[:per_workload]
+        return list(dict.fromkeys(best))

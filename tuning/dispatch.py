@@ -5,9 +5,10 @@ Votes use the cost formula over measured data: each measured kernel's f_MK
 (its measured throughput with shape effects divided out) times f_occ * f_pad
 at that shape. The tree's features are the sizes of the workload's dynamic
 dims, so a caller dispatches on the dims it sees. All kernels of a dense
-workload share one weight layout (pre-packed with one (tile_n, task_n), or in
-place), so the op gets one weight; the layout with the least predicted total
-time over the range wins.
+workload share one weight layout (pre-packed in tile_n-wide blocks, as many as
+N needs, or in place; kernels that differ only in their task's width share the
+same packed weight when N fills their tasks alike), so the op gets one weight;
+the layout with the least predicted total time over the range wins.
 """
 
 import dataclasses
@@ -18,6 +19,7 @@ from sklearn.tree import DecisionTreeClassifier
 from tf_dietcode.tuning.cost_model import kernel_throughputs
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.search import SearchResult
+from tf_dietcode.tuning.templates import dense
 from tf_dietcode.tuning.workload import DIMS, Workload
 
 MAX_LEAVES = 32
@@ -68,8 +70,7 @@ def build_dispatch(result: SearchResult) -> Dispatch:
     shapes = [s for s in workload.all_shapes() if workload.flops(workload.dims_at(s)) > 0]
     layouts: dict[tuple, list[MicroKernel]] = {}
     for kernel in throughputs:
-        key = (kernel.tile_n, kernel.task_n) if kernel.packed else ()  # in place: one layout for all
-        layouts.setdefault(key, []).append(kernel)
+        layouts.setdefault(tuple(dense.weight_layout(workload, kernel).items()), []).append(kernel)
 
     def votes(kernels):
         gflops = np.array([[throughputs[k] * model.shape_factor(k, s) for s in shapes] for k in kernels])

@@ -4,7 +4,10 @@ Each round, candidates bred from the best measured micro-kernels (mutation and
 crossover inside the hardware-derived space) are ranked by the cost model over
 every sample shape at once; the top ones, plus an epsilon share of random
 picks, are measured for real at all sample shapes, and the model is refit on
-everything measured so far.
+everything measured so far. The first batch, before any model exists, starts
+from the best kernels of similar workloads in the database (the layers of one
+model tuned one after another find much the same tiles) and spreads the rest
+over the space.
 """
 
 import dataclasses
@@ -34,6 +37,7 @@ class SearchOptions:
 
 
 QUICK = SearchOptions(trials=12, batch=6, population=64, samples=4)
+SEEDS_PER_WORKLOAD = 2  # best kernels of each similar workload already in the database, measured first
 
 
 @dataclasses.dataclass
@@ -96,12 +100,13 @@ def search(workload: Workload, hw: Hardware, runner, options: SearchOptions = Se
     measured = {r.kernel for r in measurements}
     model.fit(measurements)
     trials = min(options.trials, len(space_list))
+    seeds = [k for k in database.best_kernels_elsewhere(workload, hw.mcpu, SEEDS_PER_WORKLOAD) if k in space_set]
     with tqdm(total=trials, initial=min(len(measured), trials), desc="tuning", unit="kernel",
               disable=not progress) as bar:
         while len(measured) < trials:
             batch_size = min(options.batch, trials - len(measured))
             batch = _next_batch(model, measurements, space_list, space_set, values, measured, shapes,
-                                batch_size, options, rng)
+                                batch_size, options, rng, seeds)
             results = runner.run(workload, batch, shapes, seed=options.seed)
             database.add(workload, hw.mcpu, results)
             measurements.extend(results)
@@ -126,11 +131,12 @@ def _spread(kernels: list[MicroKernel], hw: Hardware, size: int, rng: random.Ran
     return [kernels[i] for i in picked]
 
 
-def _next_batch(model, measurements, space_list, space_set, values, measured, shapes, size, options, rng):
+def _next_batch(model, measurements, space_list, space_set, values, measured, shapes, size, options, rng, seeds):
     unmeasured = [k for k in space_list if k not in measured]
-    if not model.fitted:
-        busy = [k for k in unmeasured if accumulator_share(k, model.hw) >= 0.5]
-        return _spread(busy or unmeasured, model.hw, size, rng)
+    if not model.fitted:  # the first batch: up to half from seeds, the rest spread over the space
+        first = [k for k in seeds if k not in measured][:size // 2]
+        busy = [k for k in unmeasured if accumulator_share(k, model.hw) >= 0.5 and k not in first]
+        return first + _spread(busy or unmeasured, model.hw, size - len(first), rng)
     best = sorted(kernel_throughputs(measurements, model).items(), key=lambda kv: -kv[1])
     parents = [k for k, _ in best[:8]]
     candidates = [k for k in _breed(parents, space_set, values, options.population, rng) if k not in measured]

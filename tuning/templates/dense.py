@@ -4,7 +4,8 @@ A constant weight may be pre-packed into blocks `wp[NB, K, tile_n]` (zero
 padded to whole parallel tasks), so a task's panel is contiguous; or it is read
 in place as stored, w[K, N] (a trainable variable, which nothing may repack),
 its tasks then splitting N exactly. A parallel task computes task_m row tiles
-of tile_m rows by task_n blocks of tile_n columns; with a weight read in place
+of tile_m rows (task_m = 0: every row tile, the tasks splitting N only) by
+task_n blocks of tile_n columns; with a weight read in place
 and task_m > 1 it first copies its panel into a contiguous local one that its
 row tiles share (GotoBLAS' packing of B, per call). Local padding: each row tile
 fetches its tile_m rows of x into a local zero-padded tile (the only bound check
@@ -37,8 +38,7 @@ def weight_layout(workload: Workload, kernel: MicroKernel) -> dict:
     """The weight operand's layout, as bundles record it for the op and optimize()."""
     if not kernel.packed:
         return {"packed": False}
-    return {"packed": True, "tile_n": kernel.tile_n, "task_n": kernel.task_n,
-            "blocks": weight_blocks(workload, kernel)}
+    return {"packed": True, "tile_n": kernel.tile_n, "blocks": weight_blocks(workload, kernel)}
 
 
 def pack_weight(weight: np.ndarray, tile_n: int, blocks: int) -> np.ndarray:
@@ -95,12 +95,17 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
         sch.compute_inline(copy_out)  # out reads the padded tile directly
     sch.compute_inline(sch.get_sblock(WEIGHT_VIEW))  # after pad_einsum, which needs plain indices
     i, jo, ji, k = sch.get_loops(block)
-    i_task, i_outer, i_inner = sch.split(i, [None, kernel.task_m, kernel.tile_m])
     j_outer, j_inner = sch.split(jo, [None, kernel.task_n])
+    if kernel.task_m:
+        i_task, i_outer, i_inner = sch.split(i, [None, kernel.task_m, kernel.tile_m])
+        tasks = [i_task, j_outer]
+    else:  # columns only (fusing j_outer before a symbolic row loop trips TVM's int32 folding)
+        i_outer, i_inner = sch.split(i, [None, kernel.tile_m])
+        tasks = [j_outer]
     k_outer, k_inner = sch.split(k, [None, kernel.tile_k])
     middle = [k_outer, j_inner] if kernel.k_outer else [j_inner, k_outer]
-    sch.reorder(i_task, j_outer, i_outer, *middle, k_inner, i_inner, ji)
-    task = sch.fuse(i_task, j_outer)
+    sch.reorder(*tasks, i_outer, *middle, k_inner, i_inner, ji)
+    task = sch.fuse(*tasks) if len(tasks) > 1 else j_outer
     sch.parallel(task)
 
     if not kernel.packed and kernel.task_m > 1:
@@ -155,13 +160,14 @@ def reference_output(operands: dict[str, np.ndarray], workload: Workload) -> np.
 
 
 def task_rows(kernel: MicroKernel) -> int:
-    """Rows of one row task (task_m row tiles): what rows are padded to."""
-    return kernel.tile_m * kernel.task_m
+    """Rows of one row task (task_m row tiles; one tile when tasks split columns only): what rows are padded to."""
+    return kernel.tile_m * max(kernel.task_m, 1)
 
 
 def task_count(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
     """Parallel tasks of one call: row tasks (task_m row tiles each) times column tasks."""
-    return math.ceil(dims["m"] / task_rows(kernel)) * (weight_blocks(workload, kernel) // kernel.task_n)
+    row_tasks = math.ceil(dims["m"] / task_rows(kernel)) if kernel.task_m else 1
+    return row_tasks * (weight_blocks(workload, kernel) // kernel.task_n)
 
 
 def computed_elements(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
