@@ -11,6 +11,7 @@ import json
 import math
 import pathlib
 
+from tf_dietcode.tuning.cost_model import observed_gflops
 from tf_dietcode.tuning.measure import Measurement
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.templates import TEMPLATES_VERSION
@@ -38,40 +39,41 @@ class Database:
             with open(self.path, "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in records)
 
-    def measurements(self, workload: Workload, target: str) -> list[Measurement]:
-        """This workload's records on this target by these templates; records of another format are skipped."""
-        key = workload.key()
-        found = []
+    def _usable(self, target: str):
+        """(workload key, measurement) of every record on this target by these templates;
+        records of another format are skipped."""
         for record in self._records:
-            if (record.get("workload") == key and record.get("target") == target
-                    and record.get("templates") == TEMPLATES_VERSION):
+            if record.get("target") == target and record.get("templates") == TEMPLATES_VERSION:
                 try:
-                    found.append(Measurement.from_json(record))
+                    yield record["workload"], Measurement.from_json(record)
                 except (KeyError, TypeError):
                     continue
-        return found
+
+    def measurements(self, workload: Workload, target: str) -> list[Measurement]:
+        """This workload's records on this target by these templates."""
+        key = workload.key()
+        return [measurement for record_key, measurement in self._usable(target) if record_key == key]
 
     def best_kernels_elsewhere(self, workload: Workload, target: str, per_workload: int) -> list[MicroKernel]:
         """The fastest kernels (geometric mean GFLOP/s over their shapes) of each other
         workload of the same kind and operand layout on this target: where one tuning
         run or an earlier one already found good tiles for a similar product, a new
         workload's search starts from them instead of from scratch."""
-        logs = collections.defaultdict(lambda: collections.defaultdict(list))
-        for record in self._records:
-            if record.get("target") != target or record.get("templates") != TEMPLATES_VERSION \
-                    or record.get("workload") == workload.key() or not record.get("seconds"):
-                continue
-            try:
-                other = Workload.from_key(record["workload"])
-                measurement = Measurement.from_json(record)
-            except (KeyError, TypeError, ValueError):
-                continue
-            if (other.kind, other.transpose_b, other.weight_layout) == \
-                    (workload.kind, workload.transpose_b, workload.weight_layout):
-                flops = other.flops(other.dims_at(measurement.shape))
-                logs[other][measurement.kernel].append(math.log(flops / measurement.seconds))
+        by_workload = collections.defaultdict(list)
+        for key, measurement in self._usable(target):
+            if key != workload.key() and measurement.seconds:
+                by_workload[key].append(measurement)
         best = []
-        for by_kernel in logs.values():
-            ranked = sorted(by_kernel, key=lambda k: -sum(by_kernel[k]) / len(by_kernel[k]))
-            best += ranked[:per_workload]
+        for key, found in by_workload.items():
+            try:
+                other = Workload.from_key(key)
+            except (TypeError, ValueError):
+                continue
+            if (other.kind, other.transpose_b, other.weight_layout) != \
+                    (workload.kind, workload.transpose_b, workload.weight_layout):
+                continue
+            logs = collections.defaultdict(list)
+            for measurement in found:
+                logs[measurement.kernel].append(math.log(observed_gflops(other, measurement)))
+            best += sorted(logs, key=lambda k: -sum(logs[k]) / len(logs[k]))[:per_workload]
         return list(dict.fromkeys(best))

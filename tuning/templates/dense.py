@@ -105,7 +105,7 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     k_outer, k_inner = sch.split(k, [None, kernel.tile_k])
     middle = [k_outer, j_inner] if kernel.k_outer else [j_inner, k_outer]
     sch.reorder(*tasks, i_outer, *middle, k_inner, i_inner, ji)
-    task = sch.fuse(*tasks) if len(tasks) > 1 else j_outer
+    task = sch.fuse(*tasks) if len(tasks) > 1 else tasks[0]
     sch.parallel(task)
 
     if not kernel.packed and kernel.task_m > 1:
@@ -165,7 +165,8 @@ def task_rows(kernel: MicroKernel) -> int:
 
 
 def task_count(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
-    """Parallel tasks of one call: row tasks (task_m row tiles each) times column tasks."""
+    """Parallel tasks of one call: row tasks (task_m row tiles each; one when tasks split
+    columns only) times column tasks."""
     row_tasks = math.ceil(dims["m"] / task_rows(kernel)) if kernel.task_m else 1
     return row_tasks * (weight_blocks(workload, kernel) // kernel.task_n)
 
