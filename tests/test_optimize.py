@@ -3,6 +3,7 @@ form is fused, outputs match the original in a fresh process (in and outside
 the tuned range, every signature), and bad input fails clearly with nothing
 written."""
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tf_dietcode
-from tf_dietcode.tuning import search
+from tf_dietcode.tuning import hardware, search
 from tf_dietcode.tuning.workload import DimRange
 
 import tuned_calls
@@ -36,6 +37,7 @@ def test_every_dense_form_is_found_and_fused(optimized_encoder):
         ("gelu", 64, 32), ("none", 32, 32), ("none", 32, 64), ("none", 96, 32), ("relu", 8, 32)]
     assert report.merged == (6, 2) and "6 GEMMs sharing an input merged into 2" in report.summary()
     assert {w.m.hi for w in dense} == {24, 2}     # 2 x 12 rows, and 2 rows after the slice
+    assert not any(w.cold_weight for w in dense)  # a few KiB of weights stay cached between calls
     # Attention's products over batch x heads = 2..4: scores [T, 16] x [T, 16]^T, context [T, T] x [T, 16]
     products = {(w.transpose_b, w.b, w.m, w.n, w.k, w.ties) for w in report.workloads if w.kind == "batch_matmul"}
     assert products == {(True, DimRange(2, 4), DimRange(1, 12), DimRange(1, 12), DimRange(16, 16), ("m", "n")),
@@ -161,6 +163,27 @@ def test_activations_in_the_forms_tf_emits(tmp_path, rng, activation, expected):
     tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
     report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, shape_ranges={"x": [(1, 9), 16]})
     assert [w.activation for w in report.workloads] == [expected]
+    x = rng.uniform(-3, 3, (7, 16)).astype(np.float32)
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    np.testing.assert_allclose(optimized(x=x)["out"], model.serve(x)["out"], rtol=1e-5, atol=1e-5)
+
+
+def test_weights_beyond_the_last_level_cache_are_tuned_cold(tmp_path, rng, monkeypatch):
+    """Where one call's dense weights outgrow the last-level cache, every call reads them
+    from DRAM: the dense workloads are tuned so, and the report says why."""
+    weight, bias = rng.uniform(-1, 1, (16, 24)).astype(np.float32), rng.uniform(-1, 1, 24).astype(np.float32)
+    monkeypatch.setattr(hardware, "detect", lambda cache=dataclasses.replace(hardware.detect(), l3_bytes=1024): cache)
+
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
+        def serve(self, x):
+            return {"out": tf.nn.relu(tf.matmul(x, weight) + bias)}
+
+    model = Model()
+    tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, shape_ranges={"x": [(1, 9), 16]})
+    assert [w.cold_weight for w in report.workloads] == [True]
+    assert "last-level cache: kernels are timed with their weights read from DRAM" in report.summary()
     x = rng.uniform(-3, 3, (7, 16)).astype(np.float32)
     optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
     np.testing.assert_allclose(optimized(x=x)["out"], model.serve(x)["out"], rtol=1e-5, atol=1e-5)

@@ -183,6 +183,25 @@ def test_database_ignores_measurements_of_older_templates(tmp_path):
     assert Database(path).measurements(WORKLOAD, "cpu") == []
 
 
+def test_cold_weight_workloads_are_measured_and_kept_apart(tmp_path):
+    """Timed cold (weight flushed before each run) or warm, a dense workload's records
+    never mix: its key, its database records and the seeds drawn from it differ.
+    Only a dense product has a static weight to keep cold."""
+    cold = Workload("dense", (1, 100), 64, 32, cold_weight=True)
+    assert cold.key() != WORKLOAD.key() and Workload.from_key(cold.key()) == cold
+    kernels = [MicroKernel(2, 8, 32, 1, True, packed=True, task_m=0), MicroKernel(4, 8, 32, 1, False)]
+    results = LocalRunner(hardware.detect()).run(cold, kernels, [(1,), (50,)])
+    assert all(r.seconds and r.seconds > 0 and r.error is None for r in results)
+    database = Database(tmp_path / "db.jsonl")
+    database.add(cold, "cpu", results)
+    assert database.measurements(WORKLOAD, "cpu") == [] and len(database.measurements(cold, "cpu")) == 4
+    assert database.best_kernels_elsewhere(Workload("dense", (1, 100), 96, 32), "cpu", 2) == []
+    assert set(database.best_kernels_elsewhere(Workload("dense", (1, 100), 96, 32, cold_weight=True),
+                                               "cpu", 2)) == set(kernels)
+    with pytest.raises(ValueError, match="no static weight"):
+        Workload("batch_matmul", (1, 20), (1, 20), 8, b=2, cold_weight=True)
+
+
 def test_runner_records_timeouts_instead_of_failing():
     hw = hardware.detect()
     kernels = [MicroKernel(2, 8, 32, 1, True), MicroKernel(4, 8, 32, 1, False)]
@@ -238,10 +257,11 @@ def rpc_tracker():
     tracker.terminate()
 
 
-def test_rpc_runner_measures_through_a_tracker(rpc_tracker):
+@pytest.mark.parametrize("workload", [Workload("batch_matmul", (1, 20), (1, 20), 8, b=2),
+                                      Workload("dense", (1, 20), 24, 16, cold_weight=True)], ids=["bmm", "cold_dense"])
+def test_rpc_runner_measures_through_a_tracker(rpc_tracker, workload):
     from tf_dietcode.tuning.runner import RPCRunner
 
-    workload = Workload("batch_matmul", (1, 20), (1, 20), 8, b=2)
     runner = RPCRunner(hardware.detect(), "127.0.0.1", rpc_tracker.port, "test-cpu", repeats=2, min_repeat_ms=1)
     result = search.search(workload, hardware.detect(), runner, search.SearchOptions(trials=3, batch=3, samples=2),
                            progress=False)

@@ -31,7 +31,8 @@ def _workloads(args):
         return [Workload(**fields) for fields in json.loads(pathlib.Path(args.spec).read_text())]
     if None in (args.m, args.n, args.k):
         raise ValueError("give --spec FILE, or --m LO:HI with --n and --k")
-    return [Workload("dense", _range(args.m), args.n, args.k, bias=args.bias, activation=args.activation)]
+    return [Workload("dense", _range(args.m), args.n, args.k, bias=args.bias, activation=args.activation,
+                     cold_weight=args.cold_weight)]
 
 
 def _tune(args) -> int:
@@ -87,7 +88,7 @@ def _describe(workload) -> str:
                       for d in DIMS for r in [getattr(workload, d)])
     extras = f", ties {'='.join(workload.ties)}" if workload.ties else ""
     if workload.kind == "dense":
-        extras += f", bias={workload.bias}, activation={workload.activation}"
+        extras += f", bias={workload.bias}, activation={workload.activation}" + (", cold" if workload.cold_weight else "")
     else:
         extras += ", NT" if workload.transpose_b else ", NN"
     return f"{workload.kind} {sizes}{extras}"
@@ -130,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--k", type=int, help="dense input features")
     tune.add_argument("--bias", action="store_true")
     tune.add_argument("--activation", default="none")
+    tune.add_argument("--cold_weight", action="store_true",
+                      help="time kernels with the weight flushed from the caches, as a model whose weights "
+                           "outgrow the last-level cache reads it")
     tune.add_argument("--out", required=True, type=pathlib.Path, help="bundle directory to write")
     optimize = commands.add_parser("optimize", help="optimize a SavedModel (tf_dietcode.optimize)")
     optimize.add_argument("--dir", required=True, help="input SavedModel directory (never modified)")

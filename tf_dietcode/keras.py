@@ -10,6 +10,7 @@ in `.keras` files and in `model.export()` SavedModels alike.
 
 import collections
 import dataclasses
+import math
 import pathlib
 import shutil
 import tempfile
@@ -198,13 +199,16 @@ def tune(model: keras.Model, shape_ranges: dict | list | None = None, *,
     rows, notes = _row_ranges(model, shape_ranges, layers)
     report = TuningReport(notes=notes)
     workloads = {}
+    weight_bytes = sum(4 * math.prod(layer.kernel.shape) for layer in layers if id(layer) in rows)
+    cold_weight = not hardware.detect().holds_in_cache(weight_bytes)  # streamed from DRAM at every call
     for layer in layers:
         if id(layer) not in rows:
             report.skipped[layer.path] = (f"does not run the fused op in {layer.compute_dtype} "
                                           "or is not reached by the inputs")
             continue
         workload = Workload("dense", rows[id(layer)], layer.units, layer.kernel.shape[0], bias=layer.use_bias,
-                            activation=_fused_activation(layer.activation) or "none", weight_layout="in_place")
+                            activation=_fused_activation(layer.activation) or "none", weight_layout="in_place",
+                            cold_weight=cold_weight)
         if not micro_kernel.space(hardware.detect(), workload):
             report.skipped[layer.path] = f"no micro-kernel splits its {layer.units} output columns exactly"
             continue

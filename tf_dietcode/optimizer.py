@@ -23,7 +23,7 @@ from tf_dietcode.graph_rewrite import (attention_patterns, dense_patterns, horiz
 from tf_dietcode.graph_rewrite.graph_index import GraphIndex
 from tf_dietcode.op_library import load_op_library
 from tf_dietcode.tuning import bundle as kernel_bundle
-from tf_dietcode.tuning import search
+from tf_dietcode.tuning import hardware, search
 from tf_dietcode.tuning.templates import dense
 from tf_dietcode.tuning.workload import Workload
 
@@ -60,9 +60,9 @@ class Report:
         return "\n".join(lines)
 
 
-def _dense_workload(layer: horizontal_fusion.DenseGroup, rows: tuple[int, int]) -> Workload:
+def _dense_workload(layer: horizontal_fusion.DenseGroup, rows: tuple[int, int], cold_weight: bool) -> Workload:
     return Workload("dense", (max(rows[0], 1), max(rows[1], 1)), layer.n, layer.k,
-                    bias=layer.has_bias, activation=layer.activation)
+                    bias=layer.has_bias, activation=layer.activation, cold_weight=cold_weight)
 
 
 def _attention_workload(match: attention_patterns.AttentionMatch, lowest: dict, highest: dict) -> Workload:
@@ -87,7 +87,7 @@ def _describe(workload: Workload) -> str:
     dims = " ".join(f"{d.upper()}={r.lo}" if r.static else f"{d.upper()}={r.lo}..{r.hi}"
                     for d in names for r in [getattr(workload, d)])
     if workload.kind == "dense":
-        return f"dense {dims} bias={workload.bias} {workload.activation}"
+        return f"dense {dims} bias={workload.bias} {workload.activation}" + (" cold" if workload.cold_weight else "")
     return f"batch matmul {'NT' if workload.transpose_b else 'NN'} {dims} addend={workload.bias}"
 
 
@@ -148,6 +148,7 @@ class Converter:
             self.ranges = {g.key: shape_ranges.from_examples(g.input_specs, examples) for g in self.graphs}
             self.report.ranges, self.report.notes = self.ranges, []
         self._workloads, self._built = {}, True
+        cold_weights = self._cold_weights()
         for graph in self.graphs:
             dense_layers = self.dense_layers[graph.key]
             products = [a for a in self.attention[graph.key] if not a.adj_x]  # tuned kernels read x as is
@@ -161,7 +162,7 @@ class Converter:
             corners = shape_ranges.corner_shapes(operands, graph.input_specs, self.ranges[graph.key])
             for i, layer in enumerate(dense_layers):
                 self._workloads[(graph.key, layer.core)] = _dense_workload(
-                    layer, shape_ranges.row_range(corners[f"dense_{i}"], layer.k))
+                    layer, shape_ranges.row_range(corners[f"dense_{i}"], layer.k), cold_weights)
             for i, match in enumerate(products):
                 dims = [attention_patterns.product_dims(match, x, y) for x, y in zip(corners[f"x_{i}"],
                                                                                      corners[f"y_{i}"])]
@@ -177,6 +178,19 @@ class Converter:
         manifest = tune(workloads, self._bundle_dir, options=self.tuning, database=self.database).manifest
         self._layouts = {w: entry.get("weight_layout") for w, entry in zip(workloads, manifest["workloads"])}
         return self
+
+    def _cold_weights(self) -> bool:
+        """Whether one call of a signature reads more dense weights than the last-level cache
+        holds, so that every call streams them from DRAM: its kernels are then tuned cold."""
+        weight_bytes = max((sum(layer.weight.nbytes for layer in layers) for layers in self.dense_layers.values()),
+                           default=0)
+        hw = hardware.detect()
+        if hw.holds_in_cache(weight_bytes):
+            return False
+        self.report.notes.append(f"dense weights of {weight_bytes / 2**20:.1f} MiB per call outgrow the "
+                                 f"{hw.l3_bytes / 2**20:.1f} MiB last-level cache: kernels are timed with "
+                                 "their weights read from DRAM")
+        return True
 
     def save(self, output_saved_model_dir: str | pathlib.Path, *, overwrite: bool = False) -> Report:
         """Writes the optimized SavedModel (atomically: a staging directory renamed at the end)."""

@@ -56,7 +56,7 @@ class Database:
 
     def best_kernels_elsewhere(self, workload: Workload, target: str, per_workload: int) -> list[MicroKernel]:
         """The fastest kernels (geometric mean GFLOP/s over their shapes) of each other
-        workload of the same kind and operand layout on this target: where one tuning
+        workload of the same kind, operand layout and cache state on this target: where one tuning
         run or an earlier one already found good tiles for a similar product, a new
         workload's search starts from them instead of from scratch."""
         by_workload = collections.defaultdict(list)
@@ -69,8 +69,8 @@ class Database:
                 other = Workload.from_key(key)
             except (TypeError, ValueError):
                 continue
-            if (other.kind, other.transpose_b, other.weight_layout) != \
-                    (workload.kind, workload.transpose_b, workload.weight_layout):
+            if (other.kind, other.transpose_b, other.weight_layout, other.cold_weight) != \
+                    (workload.kind, workload.transpose_b, workload.weight_layout, workload.cold_weight):
                 continue
             logs = collections.defaultdict(list)
             for measurement in found:

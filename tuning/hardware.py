@@ -23,6 +23,12 @@ class Hardware:
     l1d_bytes: int
     l2_bytes: int
     cores: int
+    l3_bytes: int = 32 << 20  # the last-level cache
+
+    def holds_in_cache(self, weight_bytes: int) -> bool:
+        """Whether weights of this size stay cached from one call of a model to the next;
+        where they do not, each call streams them from DRAM (Workload.cold_weight)."""
+        return weight_bytes <= self.l3_bytes
 
     def target(self):
         """The TVM LLVM target for this machine."""
@@ -61,4 +67,5 @@ def detect() -> "Hardware":
         l1d_bytes=_cache_bytes(1, 32 << 10),
         l2_bytes=_cache_bytes(2, 512 << 10),
         cores=len(os.sched_getaffinity(0)),
+        l3_bytes=_cache_bytes(3, 32 << 20),
     )

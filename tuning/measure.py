@@ -3,6 +3,14 @@
 A measurement is one micro-kernel at one shape (the values of the workload's
 shape variables): median seconds over repeats after a warm-up, or the error
 that stopped it (recorded, never raised).
+
+A dense workload with `cold_weight` is timed cold, as MetaSchedule times CPU
+kernels: before each run every operand but x (the weight, bias and output) is
+flushed from the caches. A model whose weights outgrow the last-level cache
+reads each from DRAM at every call (BERT-base: 340 MB), and at small M that
+decides which kernel is fastest: at M = 1 the kernels tuned warm for BERT-base's
+3072x768 and 768x3072 layers ran at 16-18 GB/s cold, others at 22 GB/s. x is
+the previous op's output, cached in a model too.
 """
 
 import dataclasses
@@ -46,6 +54,16 @@ def measure(executable, workload: Workload, kernel: MicroKernel, shapes: list[tu
     return measure_module(executable.mod, tvm.cpu(), workload, kernel, shapes, rng, repeats, min_repeat_ms)
 
 
+COLD_REPEATS = 15  # single runs, each after a flush: noisier than warm repeats, so more of them
+
+
+def _timer(module, device, workload: Workload, repeats: int, min_repeat_ms: int):
+    if workload.cold_weight:  # one run per repeat: later runs of a repeat would find the weight cached
+        return module.time_evaluator("main", device, number=1, repeat=max(repeats, COLD_REPEATS),
+                                     f_preproc="cache_flush_cpu_non_first_arg")
+    return module.time_evaluator("main", device, number=1, repeat=repeats, min_repeat_ms=min_repeat_ms)
+
+
 def measure_module(module, device, workload: Workload, kernel: MicroKernel, shapes: list[tuple[int, ...]],
                    rng: np.random.Generator, repeats: int = 5, min_repeat_ms: int = 20) -> list[Measurement]:
     """Median time of `module`'s "main" at each shape on `device` (local or over RPC)."""
@@ -55,7 +73,7 @@ def measure_module(module, device, workload: Workload, kernel: MicroKernel, shap
         try:
             # A fresh timer per shape: one timer keeps the call count it settled on
             # for the first (smallest) shape, which makes large shapes take ages.
-            timer = module.time_evaluator("main", device, number=1, repeat=repeats, min_repeat_ms=min_repeat_ms)
+            timer = _timer(module, device, workload, repeats, min_repeat_ms)
             operands = template.random_operands(workload, workload.dims_at(shape), rng)
             arguments = template.kernel_arguments(operands, workload, kernel, device)
             module["main"](*arguments)

@@ -3,7 +3,9 @@
     dense:         out[M, N] = act(x[M, K] @ w[N, K]^T + bias[N]); w static, M dynamic
                    (a constant w may be read pre-packed; a variable, e.g. a trainable
                    Keras kernel, is read in place as stored: [K, N]; `weight_layout`
-                   says which, "any" letting the tuner pick the faster)
+                   says which, "any" letting the tuner pick the faster; `cold_weight`:
+                   the model's weights outgrow the last-level cache, so every call reads
+                   w from DRAM and kernels are timed that way)
     batch_matmul:  out[B, M, N] = alpha * x[B, M, K] @ y[B, K, N] (+ addend)   (NN), or y[B, N, K]^T (NT)
 
 A batch matmul's `bias` is its broadcast addend (a mask or bias); its
@@ -65,6 +67,7 @@ class Workload:
     ties: tuple[str, ...] = ()
     dtype: str = "float32"
     weight_layout: str = "any"  # dense: "packed", "in_place" (w a variable) or "any" (the tuner picks)
+    cold_weight: bool = False   # dense: w, bias and out flushed from the caches before each timed run
 
     def __post_init__(self):
         for name in DIMS:
@@ -81,8 +84,8 @@ class Workload:
         if self.kind == "dense" and not (self.n.static and self.k.static and self.b == DimRange(1, 1)
                                          and self.transpose_b):
             raise ValueError("a dense workload has a static weight w[N, K] and no batch dim")
-        if self.kind == "batch_matmul" and self.activation != "none":
-            raise ValueError("batch_matmul workloads have no activation epilogue")
+        if self.kind == "batch_matmul" and (self.activation != "none" or self.cold_weight):
+            raise ValueError("batch_matmul workloads have no activation epilogue and no static weight")
         if self.ties and (len(self.ties) < 2 or not set(self.ties) <= set(self.dynamic_dims)):
             raise ValueError(f"ties must name two or more dynamic dims of {self.dynamic_dims}, got {self.ties}")
 
