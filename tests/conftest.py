@@ -109,6 +109,21 @@ def tuned_bundle(tmp_path_factory):
     return path, report
 
 
+def save_dense_model(path, rng, activation=tf.nn.relu) -> tf.Module:
+    """A one-layer SavedModel at `path`, x[?, 16] -> activation(x @ w[16, 24] + b), serving
+    it as "serving_default"; returns the module (its `serve` is the reference)."""
+    weight, bias = rng.uniform(-1, 1, (16, 24)).astype(np.float32), rng.uniform(-1, 1, 24).astype(np.float32)
+
+    class Layer(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
+        def serve(self, x):
+            return {"out": activation(tf.matmul(x, weight) + bias)}
+
+    layer = Layer()
+    tf.saved_model.save(layer, str(path), signatures={"serving_default": layer.serve})
+    return layer
+
+
 TINY_TUNING_OPTIONS = dict(trials=4, batch=4, samples=3)
 ENCODER_RANGES = {"x": [(1, 2), (1, 12), 32]}
 

@@ -19,7 +19,7 @@ from tf_dietcode.tuning import hardware, search
 from tf_dietcode.tuning.workload import DimRange
 
 import tuned_calls
-from conftest import ENCODER_RANGES, TINY_TUNING_OPTIONS
+from conftest import ENCODER_RANGES, TINY_TUNING_OPTIONS, save_dense_model
 
 TINY_TUNING = search.SearchOptions(**TINY_TUNING_OPTIONS)
 
@@ -152,15 +152,7 @@ def test_einsum_products_of_computed_operands(tmp_path, rng, equation, lhs, rhs)
     (lambda x: tf.nn.gelu(x) + x, "none"),  # the activation's input read elsewhere: not fused
 ])
 def test_activations_in_the_forms_tf_emits(tmp_path, rng, activation, expected):
-    weight, bias = rng.uniform(-1, 1, (16, 24)).astype(np.float32), rng.uniform(-1, 1, 24).astype(np.float32)
-
-    class Model(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
-        def serve(self, x):
-            return {"out": activation(tf.matmul(x, weight) + bias)}
-
-    model = Model()
-    tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
+    model = save_dense_model(tmp_path / "in", rng, activation)
     report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, shape_ranges={"x": [(1, 9), 16]})
     assert [w.activation for w in report.workloads] == [expected]
     x = rng.uniform(-3, 3, (7, 16)).astype(np.float32)
@@ -171,16 +163,8 @@ def test_activations_in_the_forms_tf_emits(tmp_path, rng, activation, expected):
 def test_weights_beyond_the_last_level_cache_are_tuned_cold(tmp_path, rng, monkeypatch):
     """Where one call's dense weights outgrow the last-level cache, every call reads them
     from DRAM: the dense workloads are tuned so, and the report says why."""
-    weight, bias = rng.uniform(-1, 1, (16, 24)).astype(np.float32), rng.uniform(-1, 1, 24).astype(np.float32)
     monkeypatch.setattr(hardware, "detect", lambda cache=dataclasses.replace(hardware.detect(), l3_bytes=1024): cache)
-
-    class Model(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
-        def serve(self, x):
-            return {"out": tf.nn.relu(tf.matmul(x, weight) + bias)}
-
-    model = Model()
-    tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
+    model = save_dense_model(tmp_path / "in", rng)
     report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, shape_ranges={"x": [(1, 9), 16]})
     assert [w.cold_weight for w in report.workloads] == [True]
     assert "last-level cache: kernels are timed with their weights read from DRAM" in report.summary()

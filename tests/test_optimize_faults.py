@@ -18,7 +18,7 @@ import tensorflow as tf
 from tensorflow.python.lib.io import file_io
 
 import tf_dietcode
-from conftest import TINY_TUNING_OPTIONS
+from conftest import TINY_TUNING_OPTIONS, save_dense_model
 from file_modes import python_command
 from tf_dietcode.tuning import search
 from tf_dietcode.tuning.database import Database
@@ -47,16 +47,7 @@ class Model:
 def model(tmp_path_factory):
     """A one-layer SavedModel (dense + bias + relu) and its Converter, tuned quickly."""
     root = tmp_path_factory.mktemp("faults")
-    rng = np.random.default_rng(0)
-    weight, bias = rng.uniform(-1, 1, (16, 24)).astype(np.float32), rng.uniform(-1, 1, 24).astype(np.float32)
-
-    class Layer(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
-        def serve(self, x):
-            return {"out": tf.nn.relu(tf.matmul(x, weight) + bias)}
-
-    layer = Layer()
-    tf.saved_model.save(layer, str(root / "input"), signatures={"serving_default": layer.serve})
+    layer = save_dense_model(root / "input", np.random.default_rng(0))
     converter = tf_dietcode.Converter(root / "input", shape_ranges=RANGES,
                                       tuning=search.SearchOptions(**TINY_TUNING_OPTIONS),
                                       database=Database(root / "tuning.jsonl"))

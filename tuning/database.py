@@ -59,9 +59,9 @@ class Database:
         workload of the same kind, operand layout and cache state on this target: where one tuning
         run or an earlier one already found good tiles for a similar product, a new
         workload's search starts from them instead of from scratch."""
-        by_workload = collections.defaultdict(list)
+        own_key, by_workload = workload.key(), collections.defaultdict(list)
         for key, measurement in self._usable(target):
-            if key != workload.key() and measurement.seconds:
+            if key != own_key and measurement.seconds:
                 by_workload[key].append(measurement)
         best = []
         for key, found in by_workload.items():
