@@ -162,6 +162,25 @@ def test_dispatch_prefers_small_row_tiles_for_small_m():
     assert chosen.kernels[chosen.kernel_index(WORKLOAD.dims_at((96,)))].tile_m == 8
 
 
+def test_dispatch_follows_measurements_where_the_formula_is_off():
+    """At M=1 a product is memory-bound: every tile streams the weight at the same speed, which
+    the formula reads as a tall tile's padding hiding a fast kernel. The votes must still pick
+    the kernel measured fastest at large M, and reproduce every measurement."""
+    short, tall = MicroKernel(1, 16, 32, 1, True), MicroKernel(8, 16, 32, 1, True)
+    measured = {short: {1: 5.0, 10: 40.0, 100: 60.0}, tall: {1: 5.0, 10: 30.0, 100: 50.0}}  # GFLOP/s
+    records = [Measurement(k, (m,), WORKLOAD.flops(WORKLOAD.dims_at((m,))) / (g * 1e9))
+               for k, by_m in measured.items() for m, g in by_m.items()]
+    model = cost_model.CostModel(WORKLOAD, HW)
+    model.k = 0.0
+    kernels, shapes = [short, tall], [(1,), (10,), (31,), (100,)]
+    assert cost_model.kernel_throughputs(records, model)[tall] > cost_model.kernel_throughputs(records, model)[short]
+    gflops = cost_model.calibrated_gflops(records, model, kernels, shapes)
+    np.testing.assert_allclose(gflops[:, [0, 1, 3]], [[5, 40, 60], [5, 30, 50]], rtol=1e-9)
+    assert gflops[0, 2] > gflops[1, 2]
+    chosen = dispatch.build_dispatch(search.SearchResult(WORKLOAD, [(1,), (10,), (100,)], records, model))
+    assert [chosen.kernels[chosen.kernel_index(WORKLOAD.dims_at((m,)))] for m in (10, 100)] == [short, short]
+
+
 def test_database_survives_a_truncated_line(tmp_path):
     path = tmp_path / "db.jsonl"
     db = Database(path)

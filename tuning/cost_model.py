@@ -11,6 +11,7 @@ model is an estimator (fit / predict) over measurement records.
 import math
 
 import numpy as np
+from scipy.interpolate import RegularGridInterpolator
 
 from tf_dietcode.tuning import templates
 from tf_dietcode.tuning.hardware import Hardware
@@ -135,3 +136,42 @@ def fit_occupancy(measurements: list[Measurement], workload: Workload, cores: in
         if spread < best_spread - 1e-12:
             best_k, best_spread = float(k), spread
     return best_k
+
+
+def calibrated_gflops(measurements: list[Measurement], model: CostModel, kernels: list[MicroKernel],
+                      shapes: list[tuple[int, ...]]) -> np.ndarray:
+    """GFLOP/s of measured kernels (rows) at any shapes (columns): the cost formula
+    f_MK * f_occ * f_pad times its own error at the shapes each kernel was measured at,
+    interpolated between them in log size, so it reproduces every measurement.
+
+    Why: f_MK averages a kernel over its shapes, and where a shape is memory-bound
+    (M = 1 streams the whole weight whatever the tile) dividing by f_pad credits
+    tall tiles with throughput they reach only at large M. Uncorrected, dispatch
+    on a Zen 1 machine ran a kernel measured at 53 GFLOP/s where another measured 64.
+    """
+    throughputs = kernel_throughputs(measurements, model)
+    errors: dict[MicroKernel, dict[tuple[int, ...], list[float]]] = {}
+    for record in measurements:
+        if record.seconds and record.kernel in throughputs:
+            formula = throughputs[record.kernel] * model.shape_factor(record.kernel, record.shape)
+            errors.setdefault(record.kernel, {}).setdefault(record.shape, []).append(
+                math.log(observed_gflops(model.workload, record) / formula))
+    log_shapes = np.log(np.maximum(np.array(shapes, dtype=float), 1.0))
+    return np.array([[throughputs[kernel] * model.shape_factor(kernel, s) for s in shapes]
+                     for kernel in kernels]) * np.exp([_interpolate(errors[k], log_shapes) for k in kernels])
+
+
+def _interpolate(errors: dict[tuple[int, ...], list[float]], log_shapes: np.ndarray) -> np.ndarray:
+    """Mean log error per measured shape, multilinear in log size over the grid of measured
+    values, held constant past its ends; grid points without a measurement count as 0."""
+    axes = [sorted({shape[i] for shape in errors}) for i in range(log_shapes.shape[1])]
+    grid = np.zeros([len(a) for a in axes])
+    for shape, values in errors.items():
+        grid[tuple(a.index(v) for a, v in zip(axes, shape))] = np.mean(values)
+    varying = [i for i, a in enumerate(axes) if len(a) > 1]
+    grid = grid.reshape([len(axes[i]) for i in varying])  # single-valued axes drop out
+    if not varying:
+        return np.full(len(log_shapes), float(grid))
+    log_axes = [np.log(np.maximum(axes[i], 1)) for i in varying]
+    points = np.stack([np.clip(log_shapes[:, i], a[0], a[-1]) for i, a in zip(varying, log_axes)], axis=1)
+    return RegularGridInterpolator(log_axes, grid)(points)

@@ -3,7 +3,8 @@ decision tree learns the votes, and the tree is emitted as C.
 
 Votes use the cost formula over measured data: each measured kernel's f_MK
 (its measured throughput with shape effects divided out) times f_occ * f_pad
-at that shape. The tree's features are the sizes of the workload's dynamic
+at that shape, corrected by the formula's error where the kernel was measured
+(cost_model.calibrated_gflops), so a vote never contradicts a measurement. The tree's features are the sizes of the workload's dynamic
 dims, so a caller dispatches on the dims it sees. All kernels of a dense
 workload share one weight layout (pre-packed in tile_n-wide blocks, as many as
 N needs, or in place; kernels that differ only in their task's width share the
@@ -16,7 +17,7 @@ import dataclasses
 import numpy as np
 from sklearn.tree import DecisionTreeClassifier
 
-from tf_dietcode.tuning.cost_model import kernel_throughputs
+from tf_dietcode.tuning.cost_model import calibrated_gflops
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.search import SearchResult
 from tf_dietcode.tuning.templates import dense
@@ -64,16 +65,16 @@ class Dispatch:
 def build_dispatch(result: SearchResult) -> Dispatch:
     """Votes over every shape of the range, the layout choice, and the fitted tree."""
     model, workload = result.model, result.workload
-    throughputs = kernel_throughputs(result.measurements, model)
-    if not throughputs:
+    measured = sorted({r.kernel for r in result.measurements if r.seconds})
+    if not measured:
         raise RuntimeError(f"no micro-kernel of {workload.key()} ran successfully")
     shapes = [s for s in workload.all_shapes() if workload.flops(workload.dims_at(s)) > 0]
     layouts: dict[tuple, list[MicroKernel]] = {}
-    for kernel in throughputs:
+    for kernel in measured:
         layouts.setdefault(tuple(dense.weight_layout(workload, kernel).items()), []).append(kernel)
 
     def votes(kernels):
-        gflops = np.array([[throughputs[k] * model.shape_factor(k, s) for s in shapes] for k in kernels])
+        gflops = calibrated_gflops(result.measurements, model, kernels, shapes)
         best = gflops.argmax(axis=0)
         seconds = sum(workload.flops(workload.dims_at(s)) / (gflops[b, i] * 1e9)
                       for i, (s, b) in enumerate(zip(shapes, best)))
