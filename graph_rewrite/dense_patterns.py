@@ -44,10 +44,12 @@ class DenseMatch(WeightDims):
     contracted: int           # trailing dims of x contracted (K is their product)
     weight: np.ndarray        # [K, N] float32
     out_dims: list[int]       # the output's trailing dims (N is their product)
-    bias: str | None = None   # a tensor holding N values (any shape)
+    bias: str | None = None   # a tensor holding N values: [N], or shaped as out_dims
+    bias_shape: tuple[int, ...] = ()
     activation: str = "none"
     output: str = ""          # the tensor the fused op's result replaces
-    out_shape: str | None = None  # a tensor with the output's shape, when the graph computes one
+    out_shape: str | None = None  # a tensor with the output's shape, where the graph computes one the
+    #                               rewriter cannot prove is x's rows then out_dims (then x is [M, K])
     source: str = ""          # what x flattens, when the graph flattens it (tensordot); else x
 
     def __post_init__(self):
@@ -95,9 +97,12 @@ def _matmul_core(index: GraphIndex, node) -> DenseMatch | LeftAlone:
     match = DenseMatch(form, node.name, x, 1, np.ascontiguousarray(weight), [weight.shape[1]], output=output)
     unflatten = index.sole_consumer(output)
     if _is_flattened(index, x, node) and unflatten is not None and unflatten.op == "Reshape":
-        # The graph's own flattening and unflattening stay; only the product between them is fused.
-        match.form, match.output, match.out_shape = "tensordot", f"{unflatten.name}:0", tensor_name(unflatten.input[1])
-        match.source = _flattened_source(index, x)
+        match.form, match.output, match.source = "tensordot", f"{unflatten.name}:0", _flattened_source(index, x)
+        out_shape = tensor_name(unflatten.input[1])
+        if _unflattens_rows(index, out_shape, match.source, match):
+            match.x = match.source  # the op reads the N-D input itself; the graph's reshapes go
+        else:  # the graph's own flattening and unflattening stay; only the product between them is fused
+            match.out_shape = out_shape
     elif index.shape(x) is not None and len(index.shape(x)) != 2:
         return LeftAlone(form, node.name, "input is not a matrix")
     return match
@@ -119,6 +124,23 @@ def _flattened_source(index: GraphIndex, x: str) -> str:
         if perm is not None and list(perm) == list(range(len(perm))):
             return tensor_name(transpose.input[0])
     return flattened
+
+
+def _unflattens_rows(index: GraphIndex, out_shape: str, source: str, match: "DenseMatch") -> bool:
+    """out_shape is tf.tensordot's concat(gather(shape(source), [0 .. r-2]), [N]) and source's last
+    dim is K: the product is source's rows, flattened and restored, so the N-D op computes it alone."""
+    concat = index.producer(out_shape)
+    shape = index.shape(source)
+    if concat.op != "ConcatV2" or len(concat.input) != 3 or not shape or shape[-1] != match.k:
+        return False
+    gather, columns = index.producer(concat.input[0]), index.value(concat.input[1])
+    if gather.op != "GatherV2" or columns is None or list(columns.ravel()) != [match.n]:
+        return False
+    free, axis = index.value(gather.input[1]), index.value(gather.input[2])
+    reads = index.producer(gather.input[0])
+    return (reads.op == "Shape" and tensor_name(reads.input[0]) == source and axis is not None
+            and int(axis) == 0 and index.value(concat.input[2]) == 0
+            and free is not None and list(free.ravel()) == list(range(len(shape) - 1)))
 
 
 def _einsum_core(index: GraphIndex, node) -> DenseMatch | LeftAlone:
@@ -149,7 +171,7 @@ def _extend_epilogue(index: GraphIndex, match: DenseMatch) -> None:
         other = inputs[1] if inputs[0] == match.output else inputs[0]
         bias = index.value(other)
         if bias is not None and bias.size == match.n and list(bias.shape) in ([match.n], match.out_dims):
-            match.bias, match.output = other, f"{after.name}:0"
+            match.bias, match.bias_shape, match.output = other, bias.shape, f"{after.name}:0"
             after = index.sole_consumer(match.output)
     if after is not None and after.op in SIMPLE_ACTIVATIONS:
         match.activation, match.output = SIMPLE_ACTIVATIONS[after.op], f"{after.name}:0"

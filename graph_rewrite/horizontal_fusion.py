@@ -28,19 +28,15 @@ class DenseGroup(WeightDims):
         return "+".join(m.core for m in self.members)
 
     @property
-    def _share_x(self) -> bool:
+    def shares_x(self) -> bool:
+        """Every member reads the same x (else each flattens the same tensor to its own x)."""
         return len({m.x for m in self.members}) == 1
-
-    @property
-    def flat(self) -> bool:
-        """Every member reads the same x as a matrix [M, K]."""
-        return self._share_x and all(m.form != "einsum" for m in self.members)
 
     @property
     def x(self) -> str:
         """The members' input: their x if they share it, else what their x's flatten
         (Keras Dense layers on N-D input each flatten the same tensor)."""
-        return self.members[0].x if self._share_x else self.members[0].source
+        return self.members[0].x if self.shares_x else self.members[0].source
 
     @property
     def contracted(self) -> int:

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tf_dietcode import ops
 from tf_dietcode.graph_rewrite.attention_patterns import AttentionMatch
+from tf_dietcode.graph_rewrite.dense_patterns import DenseMatch
 from tf_dietcode.graph_rewrite.horizontal_fusion import DenseGroup
 from tf_dietcode.graph_rewrite.graph_index import node_name, tensor_name
 
@@ -25,6 +26,14 @@ def _scratch_graph(build) -> tf.compat.v1.GraphDef:
     return graph.as_graph_def()
 
 
+def _bias_vector(member: DenseMatch, i: int) -> tf.Tensor:
+    """Member i's bias as the op reads it, [N] (zeros where it has none); placeholder bias_<i>."""
+    if member.bias is None:
+        return tf.zeros([member.n])
+    bias = tf.compat.v1.placeholder(tf.float32, member.bias_shape, f"bias_{i}")
+    return bias if len(member.bias_shape) == 1 else tf.reshape(bias, [-1])
+
+
 def dense_replacement(group: DenseGroup, packed_n: int) -> tf.compat.v1.GraphDef:
     """act(x @ W + b) over x's trailing dims for a group of layers, W their weights side by side,
     pre-packed (packed_n = N) or as stored ([K, N], packed_n = 0), split back into each member's
@@ -34,23 +43,24 @@ def dense_replacement(group: DenseGroup, packed_n: int) -> tf.compat.v1.GraphDef
         packed = tf.raw_ops.ReadVariableOp(resource=tf.compat.v1.placeholder(tf.resource, name="packed"),
                                            dtype=tf.float32)
         bias = None
-        if group.has_bias:  # the members' biases side by side, zeros for those without
-            bias = tf.concat([tf.reshape(tf.compat.v1.placeholder(tf.float32, name=f"bias_{i}"), [-1])
-                              if m.bias is not None else tf.zeros([m.n]) for i, m in enumerate(group.members)], 0)
+        if group.has_bias:  # the members' biases as vectors side by side, zeros for those without
+            biases = [_bias_vector(member, i) for i, member in enumerate(group.members)]
+            bias = biases[0] if len(biases) == 1 else tf.concat(biases, 0)
         bundle = tf.compat.v1.placeholder(tf.string, [], name="bundle")
-        alone = len(group.members) == 1
-        as_is = alone and group.flat and group.members[0].out_shape is None  # the product is the output
-        product = ops.fused_matmul(x if group.flat else tf.reshape(x, [-1, group.k]), packed, bias,
-                                   activation=group.activation, packed_n=packed_n, bundle=bundle,
-                                   name="out_0" if as_is else None)
-        if as_is:
+        first = group.members[0]
+        whole = len(group.members) == 1 and first.out_shape is None  # the op's output is the layer's
+        operand, num_k_dims = (x, group.contracted) if group.shares_x else (tf.reshape(x, [-1, group.k]), 1)
+        product = ops.fused_matmul(operand, packed, bias, activation=group.activation, packed_n=packed_n,
+                                   num_k_dims=num_k_dims, n_dims=first.out_dims if whole else (),
+                                   bundle=bundle, name="out_0" if whole else None)
+        if whole:
             return
-        pieces = [product] if alone else tf.split(product, [m.n for m in group.members], axis=1)
+        pieces = tf.split(product, [m.n for m in group.members], axis=-1) if len(group.members) > 1 else [product]
         for i, (member, piece) in enumerate(zip(group.members, pieces)):
             if member.out_shape is not None:
                 shape = tf.compat.v1.placeholder(tf.int32, name=f"out_shape_{i}")
-            elif member.form == "einsum":
-                shape = tf.concat([tf.shape(x)[: -member.contracted], tf.constant(member.out_dims, tf.int32)], 0)
+            elif len(member.out_dims) > 1:
+                shape = tf.concat([tf.shape(piece)[:-1], tf.constant(member.out_dims, tf.int32)], 0)
             else:
                 tf.identity(piece, name=f"out_{i}")
                 continue

@@ -229,16 +229,44 @@ Status PlanBatchMatMul(const TensorShape& x, const TensorShape& y,
   return Status();
 }
 
+Status ColumnDimsProduct(const std::vector<int64_t>& n_dims, int64_t* product) {
+  *product = 1;
+  for (int64_t d : n_dims) {
+    if (d < 0) return InvalidArgument("n_dims must be >= 0, got ", Show(n_dims));
+    *product = tensorflow::MultiplyWithoutOverflow(*product, d);
+    if (*product < 0) return InvalidArgument("n_dims ", Show(n_dims), " overflow");
+  }
+  return Status();
+}
+
 Status PlanMatMul(const TensorShape& a, const TensorShape& b,
                   const TensorShape* bias, bool transpose_a, bool transpose_b,
-                  int64_t packed_n, Activation activation,
-                  ContractionPlan* plan) {
+                  int64_t packed_n, int num_k_dims, const Dims& n_dims,
+                  Activation activation, ContractionPlan* plan) {
   const bool packed = packed_n > 0;
-  if (a.dims() != 2 || b.dims() != (packed ? 3 : 2)) {
+  const int rows_rank = a.dims() - num_k_dims;
+  if ((transpose_a ? a.dims() != 2 || num_k_dims != 1 : rows_rank < 0) ||
+      b.dims() != (packed ? 3 : 2)) {
     return InvalidArgument(
-        "a must be a matrix and b a ",
+        "a must be ", transpose_a ? "a matrix [K, M]" : "[..., K]", " with ",
+        num_k_dims, " contracted dim(s) and b a ",
         packed ? "packed weight [blocks, K, tile_n]" : "matrix", ", got a ",
         a.DebugString(), " and b ", b.DebugString());
+  }
+  // a as the matrix [M, K] (rows: a's leading dims) or [K, M].
+  const Dims a_dims = DimsOf(a);
+  Dims rows = transpose_a ? Dims{a_dims[1]} : Head(a_dims, rows_rank);
+  TensorShape a_matrix = a;
+  if (!transpose_a) {
+    int64_t m = 1, k = 1;
+    for (int i = 0; i < a.dims(); ++i) {
+      int64_t& product = i < rows_rank ? m : k;
+      product = tensorflow::MultiplyWithoutOverflow(product, a_dims[i]);
+    }
+    if (m < 0 || k < 0) {  // an empty a's other dims may multiply past int64
+      return InvalidArgument("a ", a.DebugString(), " has too many rows or K");
+    }
+    a_matrix = TensorShape({m, k});
   }
   TensorShape logical_b = b;
   if (packed) {
@@ -259,7 +287,14 @@ Status PlanMatMul(const TensorShape& a, const TensorShape& b,
     return InvalidArgument("bias must have shape [", n, "] (N), got ",
                            bias->DebugString());
   }
-  TF_RETURN_IF_ERROR(PlanBatchMatMul(a, logical_b, {}, {}, transpose_a,
+  if (!n_dims.empty()) {
+    int64_t columns;
+    TF_RETURN_IF_ERROR(ColumnDimsProduct(n_dims, &columns));
+    if (columns != n) {
+      return InvalidArgument("n_dims ", Show(n_dims), " must multiply to N=", n);
+    }
+  }
+  TF_RETURN_IF_ERROR(PlanBatchMatMul(a_matrix, logical_b, {}, {}, transpose_a,
                                      transpose_b, 1.0f, bias, {}, plan));
   if (packed) {
     plan->ldb = b.dim_size(2);
@@ -267,7 +302,10 @@ Status PlanMatMul(const TensorShape& a, const TensorShape& b,
     plan->b_block_stride = b.dim_size(1) * b.dim_size(2);
   }
   plan->activation = activation;
-  return Status();
+  // The [M, N] product is dense and row-major, so it is the output as is.
+  const Dims& columns = n_dims.empty() ? Dims{n} : n_dims;
+  rows.insert(rows.end(), columns.begin(), columns.end());
+  return TensorShape::BuildTensorShape(rows, &plan->out_shape);
 }
 
 }  // namespace tf_dietcode

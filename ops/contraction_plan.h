@@ -62,15 +62,23 @@ struct ContractionPlan {
                       int64_t batch) const;
 };
 
-// DietcodeFusedMatMul: a[M,K] (or [K,M]), b[K,N] (or [N,K]), optional
-// bias[N]. packed_n > 0: b is pre-packed [NB, K, tile_n] holding N = packed_n
-// columns (then transpose_b must be false).
+// DietcodeFusedMatMul: a[..., K] (its last num_k_dims dims contracted, K
+// their product; or [K, M] with transpose_a), b[K, N] (or [N, K]), optional
+// bias[N]; the output is [..., N], or [..., n_dims] when n_dims is not empty.
+// packed_n > 0: b is pre-packed [NB, K, tile_n] holding N = packed_n columns
+// (then transpose_b must be false).
 tensorflow::Status PlanMatMul(const tensorflow::TensorShape& a,
                               const tensorflow::TensorShape& b,
                               const tensorflow::TensorShape* bias,
                               bool transpose_a, bool transpose_b,
-                              int64_t packed_n, Activation activation,
-                              ContractionPlan* plan);
+                              int64_t packed_n, int num_k_dims,
+                              const std::vector<int64_t>& n_dims,
+                              Activation activation, ContractionPlan* plan);
+
+// The product of the `n_dims` attr (the output's trailing dims), which must
+// be non-negative and not overflow.
+tensorflow::Status ColumnDimsProduct(const std::vector<int64_t>& n_dims,
+                                     int64_t* product);
 
 // DietcodeFusedBatchMatMul{Add,Transpose}: x[..., M, K], y[..., K, N] (each
 // read through its operand permutation, empty for none) with BatchMatMulV2

@@ -69,6 +69,8 @@ class FusedMatMulOp : public FusedContractionOp {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("transpose_b", &transpose_b_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("activation", &activation));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("packed_n", &packed_n_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_k_dims", &num_k_dims_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("n_dims", &n_dims_));
     activation_ = ParseActivation(activation);
   }
 
@@ -86,7 +88,7 @@ class FusedMatMulOp : public FusedContractionOp {
     TF_RETURN_IF_ERROR(PlanMatMul((*a)->shape(), (*b)->shape(),
                                   *addend ? &(*addend)->shape() : nullptr,
                                   transpose_a_, transpose_b_, packed_n_,
-                                  activation_, plan));
+                                  num_k_dims_, n_dims_, activation_, plan));
     weight_pages_.Ensure(**b);
     return Status();
   }
@@ -94,6 +96,8 @@ class FusedMatMulOp : public FusedContractionOp {
  private:
   bool transpose_a_, transpose_b_;
   int64_t packed_n_;
+  int num_k_dims_;
+  std::vector<int64_t> n_dims_;
   Activation activation_;
   HugePageBacking weight_pages_;
 };

@@ -23,47 +23,98 @@ Status BundleIsScalar(InferenceContext* c) {
   return c->WithRank(c->input(c->num_inputs() - 1), 0, &unused);
 }
 
-// a[M, K] (or [K, M]) times a packed b[blocks, K, tile_n] -> [M, packed_n].
-Status PackedMatMulShape(InferenceContext* c, int64_t packed_n) {
-  bool transpose_a, transpose_b;
-  TF_RETURN_IF_ERROR(c->GetAttr("transpose_a", &transpose_a));
-  TF_RETURN_IF_ERROR(c->GetAttr("transpose_b", &transpose_b));
+// b's K and N as the product reads it: [K, N], [N, K] with transpose_b, or
+// packed [blocks, K, tile_n] holding packed_n columns.
+Status WeightDims(InferenceContext* c, int64_t packed_n, bool transpose_b,
+                  DimensionHandle* k, DimensionHandle* n) {
+  ShapeHandle b;
+  if (packed_n == 0) {
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &b));
+    *k = c->Dim(b, transpose_b ? 1 : 0);
+    *n = c->Dim(b, transpose_b ? 0 : 1);
+    return Status();
+  }
   if (transpose_b) {
     return tensorflow::errors::InvalidArgument(
         "a packed b (packed_n > 0) has its own layout; transpose_b must be "
         "false");
   }
-  ShapeHandle a, b;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &a));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 3, &b));
-  DimensionHandle k;
-  TF_RETURN_IF_ERROR(
-      c->Merge(c->Dim(a, transpose_a ? 0 : 1), c->Dim(b, 1), &k));
-  c->set_output(0, c->Matrix(c->Dim(a, transpose_a ? 1 : 0), packed_n));
+  *k = c->Dim(b, 1);
+  *n = c->MakeDim(packed_n);
   return Status();
 }
 
+// a's rows (M, as dims: a's leading dims) and K (the product of its last
+// num_k_dims dims, or a's first dim with transpose_a).
+Status InputDims(InferenceContext* c, int num_k_dims, bool transpose_a,
+                 ShapeHandle* rows, DimensionHandle* k) {
+  ShapeHandle a, contracted;
+  if (transpose_a) {
+    if (num_k_dims != 1) {
+      return tensorflow::errors::InvalidArgument(
+          "transpose_a needs num_k_dims = 1, got ", num_k_dims);
+    }
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &a));
+    *k = c->Dim(a, 0);
+    *rows = c->Vector(c->Dim(a, 1));
+    return Status();
+  }
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), num_k_dims, &a));
+  if (!c->RankKnown(a)) {
+    *rows = c->UnknownShape();
+    *k = c->UnknownDim();
+    return Status();
+  }
+  TF_RETURN_IF_ERROR(c->Subshape(a, 0, c->Rank(a) - num_k_dims, rows));
+  TF_RETURN_IF_ERROR(c->Subshape(a, c->Rank(a) - num_k_dims, &contracted));
+  *k = c->MakeDim(1);
+  for (int i = 0; i < num_k_dims; ++i) {
+    TF_RETURN_IF_ERROR(c->Multiply(*k, c->Dim(contracted, i), k));
+  }
+  return Status();
+}
+
+// act(a[..., K] @ b[K, N] + bias) -> [..., N], or [..., n_dims] (their
+// product N).
 Status FusedMatMulShape(InferenceContext* c) {
-  int num_bias;
+  int num_bias, num_k_dims;
+  int64_t packed_n;
+  bool transpose_a, transpose_b;
+  std::vector<int64_t> n_dims;
   TF_RETURN_IF_ERROR(c->GetAttr("num_bias", &num_bias));
+  TF_RETURN_IF_ERROR(c->GetAttr("packed_n", &packed_n));
+  TF_RETURN_IF_ERROR(c->GetAttr("transpose_a", &transpose_a));
+  TF_RETURN_IF_ERROR(c->GetAttr("transpose_b", &transpose_b));
+  TF_RETURN_IF_ERROR(c->GetAttr("num_k_dims", &num_k_dims));
+  TF_RETURN_IF_ERROR(c->GetAttr("n_dims", &n_dims));
   if (num_bias > 1) {
     return tensorflow::errors::InvalidArgument(
         "DietcodeFusedMatMul takes at most one bias, got ", num_bias);
   }
-  int64_t packed_n;
-  TF_RETURN_IF_ERROR(c->GetAttr("packed_n", &packed_n));
-  if (packed_n == 0) {
-    TF_RETURN_IF_ERROR(tensorflow::shape_inference::MatMulShape(c));
-  } else {
-    TF_RETURN_IF_ERROR(PackedMatMulShape(c, packed_n));
-  }
+  ShapeHandle rows;
+  DimensionHandle k, weight_k, n;
+  TF_RETURN_IF_ERROR(InputDims(c, num_k_dims, transpose_a, &rows, &k));
+  TF_RETURN_IF_ERROR(WeightDims(c, packed_n, transpose_b, &weight_k, &n));
+  TF_RETURN_IF_ERROR(c->Merge(k, weight_k, &k));
   if (num_bias == 1) {
     ShapeHandle bias;
     TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &bias));
-    DimensionHandle n;
-    TF_RETURN_IF_ERROR(c->Merge(c->Dim(c->output(0), 1), c->Dim(bias, 0), &n));
-    c->set_output(0, c->Matrix(c->Dim(c->output(0), 0), n));
+    TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(bias, 0), &n));
   }
+  ShapeHandle columns = c->Vector(n);
+  if (!n_dims.empty()) {
+    int64_t product;
+    TF_RETURN_IF_ERROR(ColumnDimsProduct(n_dims, &product));
+    DimensionHandle unused;
+    TF_RETURN_IF_ERROR(c->Merge(n, c->MakeDim(product), &unused));
+    std::vector<DimensionHandle> dims;
+    for (int64_t d : n_dims) dims.push_back(c->MakeDim(d));
+    columns = c->MakeShape(dims);
+  }
+  ShapeHandle out;
+  TF_RETURN_IF_ERROR(c->Concatenate(rows, columns, &out));
+  c->set_output(0, out);
   return BundleIsScalar(c);
 }
 
@@ -152,15 +203,20 @@ REGISTER_OP("DietcodeFusedMatMul")
     .Attr("activation: {'none', 'relu', 'tanh', 'sigmoid', 'gelu', "
           "'gelu_tanh'} = 'none'")
     .Attr("packed_n: int >= 0 = 0")
+    .Attr("num_k_dims: int >= 1 = 1")
+    .Attr("n_dims: list(int) = []")
     .SetShapeFn(FusedMatMulShape)
     .Doc(R"doc(
 act(op(a) @ op(b) + bias): a dense layer in one op.
 
-a: [M, K], or [K, M] with transpose_a.
+a: [..., K] (its leading dims are the product's rows), or [K, M] with
+  transpose_a; with num_k_dims = c, its last c dims are contracted (K is their
+  product), as in an Einsum 'abcd,cde->abe'.
 b: [K, N], or [N, K] with transpose_b; with packed_n > 0 a pre-packed weight
   [blocks, K, tile_n] (tuned dense kernels read this layout) holding
   N = packed_n columns, zero padded.
 bias: zero or one vector of shape [N].
+product: [..., N], or [..., *n_dims] when n_dims (whose product is N) is given.
 bundle: scalar path of a tuned kernel bundle, "" for none.
 activation: 'gelu' is the exact (erf) form, 'gelu_tanh' the tanh approximation.
 )doc");

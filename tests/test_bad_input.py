@@ -14,9 +14,18 @@ from tf_dietcode import ops
 InvalidArgument = tf.errors.InvalidArgumentError
 
 
-def test_matmul_rank(rng):
-    with pytest.raises(InvalidArgument, match="must be a matrix"):
-        ops.fused_matmul(random_tensor(rng, (2, 3, 4)), random_tensor(rng, (4, 5)))
+@pytest.mark.parametrize("a_shape,options", [((4,), {"num_k_dims": 2}), ((2, 3, 4), {"transpose_a": True}),
+                                             ((4, 3), {"transpose_a": True, "num_k_dims": 2})])
+def test_matmul_rank(rng, a_shape, options):
+    with pytest.raises(InvalidArgument, match="a must be .* contracted dim"):
+        ops.fused_matmul(random_tensor(rng, a_shape), random_tensor(rng, (4, 5)), **options)
+
+
+@pytest.mark.parametrize("n_dims,message", [((2, 3), "must multiply to N=5"), ((-1, -5), "must be >= 0"),
+                                            ((2**40, 2**40), "overflow")])
+def test_matmul_output_dims(rng, n_dims, message):
+    with pytest.raises(InvalidArgument, match=message):
+        ops.fused_matmul(random_tensor(rng, (2, 4)), random_tensor(rng, (4, 5)), n_dims=n_dims)
 
 
 def test_matmul_k_mismatch(rng):

@@ -40,6 +40,38 @@ def test_activations_and_optional_bias(rng, activation, with_bias):
                              activation=activation or "none")
 
 
+# (a's shape, num_k_dims, n_dims, N): Dense on N-D input, EinsumDense's forms, edges
+N_D_CASES = [((2, 3, 8), 1, (), 5), ((2, 0, 8), 1, (), 5), ((4, 3, 2, 8), 1, (), 7), ((8,), 1, (), 5),
+             ((2, 5, 3, 4), 2, (), 6), ((2, 5, 12), 1, (3, 4), 12), ((2, 5, 3, 4), 2, (2, 3), 6),
+             ((3, 4), 2, (), 5), ((2, 7, 16), 1, (4, 0), 0)]
+
+
+@pytest.mark.parametrize("shape,num_k_dims,n_dims,n", N_D_CASES)
+def test_n_d_input_contracts_its_trailing_dims(rng, shape, num_k_dims, n_dims, n):
+    a = random_tensor(rng, shape)
+    b = random_tensor(rng, (int(np.prod(shape[len(shape) - num_k_dims:])), n))
+    bias = random_tensor(rng, (n,))
+    actual = ops.fused_matmul(a, b, bias, activation="relu", num_k_dims=num_k_dims, n_dims=n_dims)
+    assert actual.shape == shape[:len(shape) - num_k_dims] + (tuple(n_dims) or (n,))
+    contracted = b.reshape(shape[len(shape) - num_k_dims:] + (n,))
+    expected = np.maximum(np.tensordot(a.astype(np.float64), contracted, num_k_dims) + bias, 0)
+    expected = expected.reshape(actual.shape)
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-4)
+    assert_matches_reference(actual, reference.fused_matmul, [a, b, bias], activation="relu",
+                             num_k_dims=num_k_dims, n_dims=n_dims)
+
+
+def test_n_d_shapes_are_inferred_with_unknown_dims(rng):
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 3, 4]), tf.TensorSpec([12, 6])])
+    def einsum_dense(a, b):
+        out = ops.fused_matmul(a, b, num_k_dims=2, n_dims=(2, 3))
+        assert out.shape.as_list() == [None, None, 2, 3]
+        return out
+
+    a, b = random_tensor(rng, (2, 5, 3, 4)), random_tensor(rng, (12, 6))
+    assert_matches_reference(einsum_dense(a, b), reference.fused_matmul, [a, b], num_k_dims=2, n_dims=(2, 3))
+
+
 def test_activation_names_as_keras_passes_them(rng):
     a, b, bias = operands(rng, 3, 4, 5, False, False)
     np.testing.assert_array_equal(ops.fused_matmul(a, b, bias, activation="linear"),

@@ -144,6 +144,29 @@ def test_einsum_products_of_computed_operands(tmp_path, rng, equation, lhs, rhs)
     assert not {"Einsum", "Transpose"} & graph_ops  # operands read in place, output written in place
 
 
+def test_n_d_dense_layers_become_one_op_each(tmp_path, rng):
+    """Dense on 3-D input (tf.tensordot's flatten / unflatten chain) and EinsumDense's two forms run
+    as one op on the N-D input: no reshape or shape arithmetic stays on the layers' path."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((None, 16), name="x")
+    hidden = keras.layers.Dense(24, activation="relu")(inputs)
+    heads = keras.layers.EinsumDense("abc,cde->abde", (None, 4, 6), bias_axes="de")(hidden)
+    outputs = keras.layers.EinsumDense("abcd,cde->abe", (None, 16), bias_axes="e")(heads)
+    model = keras.Model(inputs, outputs)
+    model.export(str(tmp_path / "in"), verbose=False)
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING,
+                                  shape_ranges={"x": [(1, 2), (1, 9), 16]})
+    assert dict(report.fused) == {"tensordot": 2, "einsum": 4}  # per signature (serve, serving_default)
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    x = rng.uniform(-1, 1, (2, 7, 16)).astype(np.float32)
+    np.testing.assert_allclose(optimized(x=x)["output_0"], model(x), rtol=1e-5, atol=1e-5)
+    nodes = [n for f in optimized.graph.as_graph_def().library.function for n in f.node_def]
+    assert sum(n.op == "DietcodeFusedMatMul" for n in nodes) == 3
+    # what is left: the 'de' bias [4, 6] read as a vector; no Shape, ConcatV2, Transpose or MatMul
+    assert [n.op for n in nodes if n.op in ("Reshape", "Shape", "ConcatV2", "Transpose", "MatMul", "Einsum")] \
+        == ["Reshape"]
+
+
 @pytest.mark.parametrize("activation,expected", [
     (lambda x: tf.nn.gelu(x, approximate=True), "gelu_tanh"),
     (lambda x: tf.nn.gelu(x, approximate=False), "gelu"),

@@ -25,8 +25,8 @@ def _batch_attrs(op):
 
 @tf.RegisterGradient("DietcodeFusedMatMul")
 def _fused_matmul_gradient(op, grad):
-    attrs = {"transpose_a": op.get_attr("transpose_a"), "transpose_b": op.get_attr("transpose_b"),
-             "activation": op.get_attr("activation").decode(), "packed_n": op.get_attr("packed_n")}
+    attrs = {name: op.get_attr(name) for name in ("transpose_a", "transpose_b", "packed_n", "num_k_dims", "n_dims")}
+    attrs["activation"] = op.get_attr("activation").decode()
     operands = list(op.inputs[:-1])  # a, b and the optional bias; not the bundle path
     grads = _vjp(lambda a, b, *bias: reference.fused_matmul(a, b, *bias, **attrs), operands, grad)
     return [*grads, None]

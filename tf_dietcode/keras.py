@@ -111,29 +111,11 @@ class DietDense(keras.layers.Dense):
         if not (self.compute_dtype == "float32" and isinstance(inputs, tf.Tensor) and inputs.dtype == tf.float32):
             return super().call(inputs, training=training)
         fused = _fused_activation(self.activation)
-        x = inputs if inputs.shape.rank == 2 else tf.reshape(inputs, _flat_shape(inputs))
         if _observed_rows is not None:
-            _observed_rows[id(self)].append(int(x.shape[0]))
+            _observed_rows[id(self)].append(math.prod(inputs.shape[:-1]))
         bundle = "" if self._bundle is None else self._bundle.manifest.asset_path
-        y = ops.fused_matmul(x, self.kernel, self.bias, activation=fused or "none", bundle=bundle)
-        if inputs.shape.rank != 2:
-            y = tf.reshape(y, _output_shape(inputs, self.units))
-            y.set_shape(inputs.shape[:-1].concatenate([self.units]))
+        y = ops.fused_matmul(inputs, self.kernel, self.bias, activation=fused or "none", bundle=bundle)
         return y if fused else self.activation(y)
-
-
-# Shapes for the reshapes around the op, constant where the static shape allows: at small
-# T the Shape/StridedSlice/Concat ops of a dynamic shape cost as much as the product.
-def _flat_shape(inputs: tf.Tensor):
-    """[-1, K]; K read at run time if unknown, so a wrong K fails in the op, not in a reshape."""
-    return [-1, inputs.shape[-1] if inputs.shape[-1] is not None else tf.shape(inputs)[-1]]
-
-
-def _output_shape(inputs: tf.Tensor, units: int):
-    leading = inputs.shape[:-1].as_list()
-    if leading.count(None) <= 1 and 0 not in leading:  # -1 is unambiguous
-        return [-1 if d is None else d for d in leading] + [units]
-    return tf.concat([tf.shape(inputs)[:-1], [units]], axis=0)
 
 
 def convert(model: keras.Model) -> keras.Model:

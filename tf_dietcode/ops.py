@@ -35,9 +35,14 @@ def _activation_name(activation: str | None) -> str:
 def fused_matmul(a: TensorLike, b: TensorLike, bias: TensorLike | None = None, *,
                  transpose_a: bool = False, transpose_b: bool = False,
                  activation: str | None = None, bundle: TensorLike = "",
-                 packed_n: int = 0, name: str | None = None) -> tf.Tensor:
-    """activation(op(a) @ op(b) + bias) in one op: a[M,K] (or [K,M]), b[K,N] (or [N,K]), bias[N].
+                 packed_n: int = 0, num_k_dims: int = 1, n_dims: Sequence[int] = (),
+                 name: str | None = None) -> tf.Tensor:
+    """activation(op(a) @ op(b) + bias) in one op: a[..., K] (or [K, M]), b[K, N] (or [N, K]),
+    bias[N] -> [..., N], as a Dense layer on N-D input.
 
+    a's last num_k_dims dims are contracted (K is their product) and n_dims, if
+    given, splits N into the output's trailing dims: EinsumDense's
+    'abcd,cde->abe' is num_k_dims=2, and 'abc,cde->abde' is n_dims=(d, e).
     With packed_n = N > 0, b is a pre-packed weight [blocks, K, tile_n] (the
     layout tuned dense kernels read, see tuning.templates.dense.pack_weight).
     """
@@ -45,7 +50,8 @@ def fused_matmul(a: TensorLike, b: TensorLike, bias: TensorLike | None = None, *
         a=_float32(a, "a"), b=_float32(b, "b"),
         bias=[] if bias is None else [_float32(bias, "bias")],
         bundle=bundle, transpose_a=transpose_a, transpose_b=transpose_b,
-        activation=_activation_name(activation), packed_n=packed_n, name=name)
+        activation=_activation_name(activation), packed_n=packed_n, num_k_dims=num_k_dims,
+        n_dims=[int(d) for d in n_dims], name=name)
 
 
 def _batch_options(x_perm, y_perm, adj_x, adj_y, alpha) -> dict:

@@ -24,13 +24,18 @@ def unpack_weight(packed, n):
     return tf.reshape(tf.transpose(packed, [1, 0, 2]), [k, -1])[:, :n]
 
 
-def fused_matmul(a, b, bias=None, *, transpose_a=False, transpose_b=False, activation="none", packed_n=0):
+def fused_matmul(a, b, bias=None, *, transpose_a=False, transpose_b=False, activation="none", packed_n=0,
+                 num_k_dims=1, n_dims=()):
     if packed_n:
         b = unpack_weight(b, packed_n)
+    rows = tf.shape(a)[1:] if transpose_a else tf.shape(a)[:tf.rank(a) - num_k_dims]
+    if not transpose_a:
+        a = tf.reshape(a, [-1, tf.reduce_prod(tf.shape(a)[tf.rank(a) - num_k_dims:])])
     product = tf.linalg.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
     if bias is not None:
         product = tf.nn.bias_add(product, bias)
-    return ACTIVATIONS[activation](product)
+    columns = tf.constant(list(n_dims), tf.int32) if n_dims else tf.shape(product)[1:]
+    return tf.reshape(ACTIVATIONS[activation](product), tf.concat([rows, columns], 0))
 
 
 def _scaled_product(x, y, adj_x, adj_y, alpha, x_perm, y_perm):
