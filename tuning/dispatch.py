@@ -4,12 +4,13 @@ decision tree learns the votes, and the tree is emitted as C.
 Votes use the cost formula over measured data: each measured kernel's f_MK
 (its measured throughput with shape effects divided out) times f_occ * f_pad
 at that shape, corrected by the formula's error where the kernel was measured
-(cost_model.calibrated_gflops), so a vote never contradicts a measurement. The tree's features are the sizes of the workload's dynamic
-dims, so a caller dispatches on the dims it sees. All kernels of a dense
-workload share one weight layout (pre-packed in tile_n-wide blocks, as many as
-N needs, or in place; kernels that differ only in their task's width share the
-same packed weight when N fills their tasks alike), so the op gets one weight;
-the layout with the least predicted total time over the range wins.
+(cost_model.calibrated_gflops), so a vote never contradicts a measurement.
+The tree's features are the sizes of the workload's dynamic dims, so a caller
+dispatches on the dims it sees. All kernels of a dense workload share one
+weight layout (pre-packed in tile_n-wide blocks, as many as N needs, or in
+place; kernels that differ only in their task's width share the same packed
+weight when N fills their tasks alike), so the op gets one weight; the layout
+with the least predicted total time over the range wins.
 """
 
 import dataclasses
@@ -73,12 +74,12 @@ def build_dispatch(result: SearchResult) -> Dispatch:
     for kernel in measured:
         layouts.setdefault(tuple(dense.weight_layout(workload, kernel).items()), []).append(kernel)
 
+    by_kernel = dict(zip(measured, calibrated_gflops(result.measurements, model, measured, shapes)))
+    flops = np.array([workload.flops(workload.dims_at(s)) for s in shapes])
+
     def votes(kernels):
-        gflops = calibrated_gflops(result.measurements, model, kernels, shapes)
-        best = gflops.argmax(axis=0)
-        seconds = sum(workload.flops(workload.dims_at(s)) / (gflops[b, i] * 1e9)
-                      for i, (s, b) in enumerate(zip(shapes, best)))
-        return seconds, best, gflops.max(axis=0)
+        gflops = np.array([by_kernel[k] for k in kernels])
+        return sum(flops / (gflops.max(axis=0) * 1e9)), gflops.argmax(axis=0), gflops.max(axis=0)
 
     layout = min(layouts, key=lambda key: votes(sorted(layouts[key]))[0])
     kernels = sorted(layouts[layout])
