@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tvm
 
-from tf_dietcode.tuning import bundle, cost_model, dispatch, hardware, search, templates
+from tf_dietcode.tuning import bundle, cost_model, dispatch, hardware, measure, search, templates
 from tf_dietcode.tuning.database import Database
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.measure import Measurement
@@ -219,6 +219,15 @@ def test_cold_weight_workloads_are_measured_and_kept_apart(tmp_path):
                                                "cpu", 2)) == set(kernels)
     with pytest.raises(ValueError, match="no static weight"):
         Workload("batch_matmul", (1, 20), (1, 20), 8, b=2, cold_weight=True)
+
+
+def test_cold_timing_spends_its_runs_where_runs_are_short():
+    """Short cold runs are noisy, so they get COLD_REPEATS; a long one is never
+    run more often than fills COLD_SECONDS, and never less than asked."""
+    assert measure.cold_repeats(5, 1e-4) == measure.COLD_REPEATS
+    assert measure.cold_repeats(5, 0.0) == measure.COLD_REPEATS
+    assert measure.cold_repeats(3, 0.2) == 3 and measure.cold_repeats(7, 0.2) == 7
+    assert 3 < measure.cold_repeats(3, measure.COLD_SECONDS / 10) <= 10
 
 
 def test_runner_records_timeouts_instead_of_failing():

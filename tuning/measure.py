@@ -14,6 +14,7 @@ the previous op's output, cached in a model too.
 """
 
 import dataclasses
+import time
 
 import numpy as np
 import tvm
@@ -55,11 +56,22 @@ def measure(executable, workload: Workload, kernel: MicroKernel, shapes: list[tu
 
 
 COLD_REPEATS = 15  # single runs, each after a flush: noisier than warm repeats, so more of them
+COLD_SECONDS = 0.3  # ... but no more runs than fill this: a 0.2 s run varies by a few %, not a 0.2 ms one
 
 
-def _timer(module, device, workload: Workload, repeats: int, min_repeat_ms: int):
+def cold_repeats(repeats: int, warm_up_seconds: float) -> int:
+    """Runs of a cold timing: COLD_REPEATS for short kernels, down to `repeats` for long ones.
+
+    BERT-base's quick tuning spent three quarters of its measuring time on 16
+    cold runs of each candidate at M = 2048 (0.1-1 s each), where the spread
+    between runs is far below what tells candidates apart.
+    """
+    return max(repeats, min(COLD_REPEATS, int(COLD_SECONDS / max(warm_up_seconds, 1e-9))))
+
+
+def _timer(module, device, workload: Workload, repeats: int, min_repeat_ms: int, warm_up_seconds: float):
     if workload.cold_weight:  # one run per repeat: later runs of a repeat would find the weight cached
-        return module.time_evaluator("main", device, number=1, repeat=max(repeats, COLD_REPEATS),
+        return module.time_evaluator("main", device, number=1, repeat=cold_repeats(repeats, warm_up_seconds),
                                      f_preproc="cache_flush_cpu_non_first_arg")
     return module.time_evaluator("main", device, number=1, repeat=repeats, min_repeat_ms=min_repeat_ms)
 
@@ -71,12 +83,13 @@ def measure_module(module, device, workload: Workload, kernel: MicroKernel, shap
     results = []
     for shape in shapes:
         try:
-            # A fresh timer per shape: one timer keeps the call count it settled on
-            # for the first (smallest) shape, which makes large shapes take ages.
-            timer = _timer(module, device, workload, repeats, min_repeat_ms)
             operands = template.random_operands(workload, workload.dims_at(shape), rng)
             arguments = template.kernel_arguments(operands, workload, kernel, device)
+            started = time.perf_counter()
             module["main"](*arguments)
+            # A fresh timer per shape: one timer keeps the call count it settled on
+            # for the first (smallest) shape, which makes large shapes take ages.
+            timer = _timer(module, device, workload, repeats, min_repeat_ms, time.perf_counter() - started)
             results.append(Measurement(kernel, tuple(shape), float(np.median(timer(*arguments).results))))
         except Exception as error:  # noqa: BLE001 - a failed candidate is data, not a crash
             results.append(Measurement(kernel, tuple(shape), None, f"{type(error).__name__}: {error}"))
