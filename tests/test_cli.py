@@ -18,7 +18,7 @@ def test_tune_from_a_spec_file_writes_a_bundle(tmp_path, capsys):
     manifest = json.loads((tmp_path / "bundle" / bundle.MANIFEST).read_text())
     assert len(manifest["workloads"]) == 1
     out = capsys.readouterr().out
-    assert "dense B=1, M=1..24, N=16, K=8" in out and "M     1.." in out
+    assert "dense M=1..24 N=16 K=8 bias=False tanh" in out and "M     1.." in out
     assert (tmp_path / "db.jsonl").read_text().count("\n") >= 3
 
 

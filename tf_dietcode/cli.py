@@ -81,23 +81,10 @@ def _optimize(args) -> int:
     return 0
 
 
-def _describe(workload) -> str:
-    from tf_dietcode.tuning.workload import DIMS
-
-    sizes = ", ".join(f"{d.upper()}={r.lo}" if r.static else f"{d.upper()}={r.lo}..{r.hi}"
-                      for d in DIMS for r in [getattr(workload, d)])
-    extras = f", ties {'='.join(workload.ties)}" if workload.ties else ""
-    if workload.kind == "dense":
-        extras += f", bias={workload.bias}, activation={workload.activation}" + (", cold" if workload.cold_weight else "")
-    else:
-        extras += ", NT" if workload.transpose_b else ", NN"
-    return f"{workload.kind} {sizes}{extras}"
-
-
 def _print_dispatch(dispatch) -> None:
     """Which micro-kernel serves which sizes of the (first) shape variable."""
     workload = dispatch.workload
-    print(f"\n{_describe(workload)}")
+    print(f"\n{workload.describe()}")
     variables = workload.variables()
     if len(variables) != 1:
         shapes = workload.all_shapes()

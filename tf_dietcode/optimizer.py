@@ -53,7 +53,7 @@ class Report:
         lines += [f"  left alone: {p.form} {p.node}: {p.reason}" for p in self.left_alone]
         lines.append("horizontal fusion: {} GEMMs sharing an input merged into {}".format(*self.merged))
         lines.append(f"workloads tuned: {len(self.workloads)}")
-        lines += [f"  {_describe(w)}" for w in self.workloads]
+        lines += [f"  {w.describe()}" for w in self.workloads]
         if self.output_dir:
             lines.append(f"written to {self.output_dir}, with {self.warmup_requests} TF Serving warm-up requests "
                          f"in {serving_warmup.WARMUP_FILE}")
@@ -80,15 +80,6 @@ def _attention_workload(match: attention_patterns.AttentionMatch, lowest: dict, 
     return Workload("batch_matmul", ranges["m"], ranges["n"], ranges["k"], b=ranges["b"],
                     transpose_b=match.adj_y, bias=match.addend is not None,
                     ties=tuple(ties) if len(ties) > 1 else ())
-
-
-def _describe(workload: Workload) -> str:
-    names = ("m", "n", "k") if workload.kind == "dense" else ("b", "m", "n", "k")
-    dims = " ".join(f"{d.upper()}={r.lo}" if r.static else f"{d.upper()}={r.lo}..{r.hi}"
-                    for d in names for r in [getattr(workload, d)])
-    if workload.kind == "dense":
-        return f"dense {dims} bias={workload.bias} {workload.activation}" + (" cold" if workload.cold_weight else "")
-    return f"batch matmul {'NT' if workload.transpose_b else 'NN'} {dims} addend={workload.bias}"
 
 
 class Converter:

@@ -122,6 +122,16 @@ class Workload:
     def flops(self, dims: dict[str, int]) -> float:
         return 2.0 * dims["b"] * dims["m"] * dims["n"] * dims["k"]
 
+    def describe(self) -> str:
+        """One line for reports: the product, each dim's size or range, the epilogue."""
+        names = ("m", "n", "k") if self.kind == "dense" else DIMS
+        sizes = " ".join(f"{d.upper()}={r.lo}" if r.static else f"{d.upper()}={r.lo}..{r.hi}"
+                         for d in names for r in [getattr(self, d)])
+        if self.kind == "dense":
+            return f"dense {sizes} bias={self.bias} {self.activation}" + (" cold" if self.cold_weight else "")
+        ties = f" ties {'='.join(self.ties).upper()}" if self.ties else ""
+        return f"batch matmul {'NT' if self.transpose_b else 'NN'} {sizes}{ties} addend={self.bias}"
+
     def key(self) -> str:
         """Stable JSON text identifying the workload (the tuning database key)."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
