@@ -88,7 +88,12 @@ def main(argv=None):
 
     for t, dims in dims_at.items():
         with tempfile.TemporaryDirectory() as work_dir:
-            executable, tuning = baselines.per_shape_metaschedule(workload, hw, dims, options.trials, work_dir)
+            try:
+                executable, tuning = baselines.per_shape_metaschedule(workload, hw, dims, options.trials, work_dir)
+            except baselines.MetaScheduleFailed as failure:  # a row saying so, not a lost suite run
+                print(failure)
+                record("metaschedule_per_shape", t, float("nan"), failure.seconds, "failed")
+                continue
         record("metaschedule_per_shape", t, seconds_per_call(executable.mod,
                                                              baselines.plain_arguments(operands[t], workload, dims)),
                tuning, "")

@@ -86,6 +86,19 @@ def plain_arguments(operands: dict, workload: Workload, dims: dict[str, int]) ->
             for value in (*operands.values(), np.zeros(plain_output_shape(workload, dims), np.float32))]
 
 
+# MetaSchedule's default of 30 s per build timed out all 12 candidates of a [992,768]x[2304,768] dense on a
+# 2-core Zen 1 VM (two builds at once, unroll up to 512): a slow build is part of its cost, not a failure.
+BUILD_TIMEOUT_SECONDS = 300
+
+
+class MetaScheduleFailed(RuntimeError):
+    """No candidate of a MetaSchedule run built and ran; `seconds` is the time it spent."""
+
+    def __init__(self, message: str, seconds: float):
+        super().__init__(message)
+        self.seconds = seconds
+
+
 def per_shape_metaschedule(workload: Workload, hw: Hardware, dims: dict[str, int], trials: int,
                            work_dir: str, seed: int = 0):
     """MetaSchedule's best kernel for these static dims, and the tuning wall time in seconds
@@ -97,7 +110,11 @@ def per_shape_metaschedule(workload: Workload, hw: Hardware, dims: dict[str, int
     target = hw.target()
     started = time.perf_counter()
     database = ms.tune_tir(mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 16),
+                           builder=ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_SECONDS),
                            num_tuning_cores=hw.cores, seed=seed)
     schedule = ms.tir_integration.compile_tir(database, mod, target)
     seconds = time.perf_counter() - started
+    if schedule is None:
+        raise MetaScheduleFailed(f"MetaSchedule built and ran none of its {trials} candidates for {dims} "
+                                 f"in {seconds:.0f} s", seconds)
     return tvm.compile(schedule.mod, target=target), seconds
