@@ -2,7 +2,6 @@
 method, tables, and where tf_dietcode loses. Every number in it is read from
 those CSVs (or, for the machine, from the system) here; none is typed in."""
 
-import csv
 import datetime
 import importlib.metadata
 import os
@@ -10,7 +9,7 @@ import pathlib
 import platform
 from collections import defaultdict
 
-from bench.report import geomean, speedups
+from bench.report import geomean, read, speedups
 
 PACKAGES = ("tensorflow", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "tf2onnx", "xgboost", "scikit-learn",
             "numpy")
@@ -37,18 +36,6 @@ METHOD = """\
 - BERT-base end to end: one signature call per inference from Python (as a server would), peers
   interleaved call by call, median; outputs checked against TF at every cell.
 - Speed-ups are ratios to TF measured in the same run; geometric means are over the T listed."""
-
-
-def read(path: pathlib.Path) -> list[dict]:
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for row in rows:
-        for key, value in row.items():
-            try:
-                row[key] = float(value) if key != "T" else int(value)
-            except ValueError:
-                pass
-    return rows
 
 
 def cell(points) -> str:

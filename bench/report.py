@@ -18,6 +18,19 @@ def write_csv(rows: list[dict], path: pathlib.Path) -> None:
         writer.writerows(rows)
 
 
+def read(path: pathlib.Path) -> list[dict]:
+    """Rows written by write_csv, numbers as numbers (T as int)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        for key, value in row.items():
+            try:
+                row[key] = float(value) if key != "T" else int(value)
+            except ValueError:
+                pass
+    return rows
+
+
 def geomean(values) -> float:
     values = list(values)
     return math.exp(sum(map(math.log, values)) / len(values))

@@ -5,9 +5,10 @@
 Runs each part in its own process, one after another (never two timings at
 once on this 2-core machine), from a fresh output directory (so tuning times
 are not shortened by an earlier run's database):
-peak, kernel_peers, tuned_kernels, tuning_cost, bert_base. --quick gives each
-part its quick mode (a few T, the quick tuning budget): about 16 minutes here;
-the full run takes about 1.5 hours. Then copies every CSV and plot into
+peak, kernel_peers, tuned_kernels, tuning_cost (which reads tuned_kernels'
+DietCode and largest-shape runs), bert_base. --quick gives each part its quick
+mode (a few T, the quick tuning budget): 16 minutes on the machine of
+session 9, 26 on the slower Zen 1 VM; the full run takes about 1.5 hours. Then copies every CSV and plot into
 <docs>/results/suite/ and writes <docs>/BENCHMARKS.md from those CSVs alone.
 """
 
@@ -20,27 +21,27 @@ import time
 
 from bench import benchmarks_md, report
 
-# (part, whether it has a quick mode)
-PARTS = [("peak", False), ("kernel_peers", True), ("tuned_kernels", True), ("tuning_cost", True),
-         ("bert_base", True)]
+# (part, whether it has a quick mode, {flag: the earlier part whose output it reads})
+PARTS = [("peak", False, {}), ("kernel_peers", True, {}), ("tuned_kernels", True, {}),
+         ("tuning_cost", True, {"--tuned-kernels": "tuned_kernels"}), ("bert_base", True, {})]
 
 
-def command(part: str, has_quick: bool, quick: bool, out: pathlib.Path) -> list[str]:
+def command(part: str, has_quick: bool, inputs: dict[str, str], quick: bool, out: pathlib.Path) -> list[str]:
     return [sys.executable, "-m", f"bench.{part}", *(["--quick"] if quick and has_quick else []),
-            "--out", str(out / part)]
+            *(a for flag, earlier in inputs.items() for a in (flag, str(out / earlier))), "--out", str(out / part)]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="every part's quick mode (~16 minutes)")
+    parser.add_argument("--quick", action="store_true", help="every part's quick mode (16-26 minutes)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/suite"))
     parser.add_argument("--docs", type=pathlib.Path, default=pathlib.Path("docs"))
     args = parser.parse_args(argv)
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
     runs = []
-    for part, has_quick in PARTS:
-        line = command(part, has_quick, args.quick, args.out)
+    for part, has_quick, inputs in PARTS:
+        line = command(part, has_quick, inputs, args.quick, args.out)
         print(f"\n=== {' '.join(line[1:])}", flush=True)
         started = time.perf_counter()
         subprocess.run(line, check=True)

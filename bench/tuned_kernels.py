@@ -3,7 +3,7 @@
     python -m bench.tuned_kernels [--quick] [--out bench/results]
 
 Tunes each workload once for T in [1, 128] (tuning database <out>/tuning.jsonl,
-resumed), then at each T times TF's op in-graph (MatMul+BiasAdd, BatchMatMulV2),
+resumed: the CSV says whether the tuning times started from empty databases), then at each T times TF's op in-graph (MatMul+BiasAdd, BatchMatMulV2),
 the bundle's dispatched kernel (TVM's time_evaluator: no Python in the loop)
 and the same micro-kernel compiled for that static shape. Writes
 tuned_kernels.csv and tuned_kernels.png; prints tuning time and speed-ups.
@@ -88,14 +88,16 @@ def main(argv=None):
     cases = QUICK_CASES if args.quick else CASES
 
     tuning_seconds, results, dispatches = {}, [], []
-    database = Database(args.out / "tuning.jsonl")
+    database_paths = (args.out / "tuning.jsonl", args.out / "tuning_largest_shape.jsonl")
+    from_empty_databases = not any(path.exists() for path in database_paths)  # else the tuning times resumed
+    database = Database(database_paths[0])
     for name, workload, _, _ in cases:  # one by one, to time each workload's search and dispatch
         started = time.perf_counter()
         results.append(search.search(workload, hw, LocalRunner(hw), options, database))
         dispatches.append(build_dispatch(results[-1]))
         tuning_seconds[name] = time.perf_counter() - started
     bundle.build_bundle(dispatches, hw, args.out / "bundle", [r.sample_shapes for r in results], options.seed)
-    largest_database = Database(args.out / "tuning_largest_shape.jsonl")
+    largest_database = Database(database_paths[1])
     largest = {}
     for name, workload, _, _ in cases:
         started = time.perf_counter()
@@ -136,7 +138,8 @@ def main(argv=None):
                          "gflops": workload.flops(dims) / seconds / 1e9,
                          "fraction_of_fma_peak": workload.flops(dims) / seconds / 1e9 / peak_gflops,
                          "speedup_vs_tensorflow": tf_time / seconds, "symbolic_over_static": symbolic / static,
-                         "tuning_seconds": largest[name][2] if peer == "largest_shape" else tuning_seconds[name]})
+                         "tuning_seconds": largest[name][2] if peer == "largest_shape" else tuning_seconds[name],
+                         "trials": options.trials, "from_empty_databases": from_empty_databases})
 
     csv_path = args.out / "tuned_kernels.csv"
     report.write_csv(rows, csv_path)

@@ -2,20 +2,22 @@
 (Ansor-like) at the same trials per shape, with the largest-shape (Nimble-like)
 baseline beside them.
 
-    python -m bench.tuning_cost [--workload dense_b16] [--trials 64] [--quick] [--out bench/results]
+    python -m bench.tuning_cost [--workload dense_b16] [--quick] [--tuned-kernels bench/results] [--out bench/results]
 
-DietCode measures each of its `trials` micro-kernels at every sample shape, so
-MetaSchedule gets `trials` trials per shape. Shapes: T in {5,24,43,62,81,100,
-119,128} (T=62 and the quick budget with --quick). Writes tuning_cost.csv: per
-method and T the kernel time (TVM time_evaluator) and the method's tuning wall
-time. MetaSchedule's one-time start-up (parsing its tensor intrinsics) is paid
-before its clock starts: it is per process, not per shape.
+DietCode's and the largest-shape baseline's runs are bench.tuned_kernels': each
+tunes from a fresh database there, and its CSV has their wall times, trial budget
+and kernel times (time_evaluator, as here), so they are read, not run a second
+time. DietCode measures each of its `trials` micro-kernels at every sample
+shape, so MetaSchedule gets `trials` trials per shape, timed here. Shapes: T in
+{5,24,43,62,81,100,119,128} (T=62 with --quick). Writes tuning_cost.csv: per
+method and T the kernel time and the method's tuning wall time. MetaSchedule's
+one-time start-up (parsing its tensor intrinsics) is paid before its clock
+starts: it is per process, not per shape.
 """
 
-import dataclasses
 import os
+import pathlib
 import tempfile
-import time
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 os.environ.setdefault("TVM_BIND_THREADS", "0")
@@ -30,10 +32,7 @@ import tvm.s_tir.tensor_intrin  # noqa: E402,F401
 
 from bench import cli, report  # noqa: E402
 from bench.tuned_kernels import CASES  # noqa: E402
-from tf_dietcode.tuning import baselines, hardware, measure, search, templates  # noqa: E402
-from tf_dietcode.tuning.database import Database  # noqa: E402
-from tf_dietcode.tuning.dispatch import build_dispatch  # noqa: E402
-from tf_dietcode.tuning.runner import LocalRunner  # noqa: E402
+from tf_dietcode.tuning import baselines, hardware, templates  # noqa: E402
 
 SAMPLED_T = (5, 24, 43, 62, 81, 100, 119, 128)
 QUICK_SAMPLED_T = (62,)
@@ -44,64 +43,59 @@ def seconds_per_call(module, arguments):
     return float(np.median(timer(*arguments).results))
 
 
+def tuned_kernels_rows(path: pathlib.Path, workload: str, sampled_t) -> list[dict]:
+    """DietCode's and the largest-shape baseline's rows at the sampled T from bench.tuned_kernels' CSV."""
+    if not path.exists():
+        raise SystemExit(f"no {path}: run `python -m bench.tuned_kernels` first (with --quick for --quick)")
+    rows = [r for r in report.read(path) if r["workload"] == workload and r["T"] in sampled_t
+            and r["peer"] in ("dietcode", "largest_shape")]
+    missing = set(sampled_t) - {r["T"] for r in rows}
+    if missing:
+        raise SystemExit(f"{path} has no {workload} at T in {sorted(missing)}: run bench.tuned_kernels with "
+                         "the same --quick")
+    if not all(r["from_empty_databases"] == "True" for r in rows):
+        raise SystemExit(f"{path}'s tuning resumed from an earlier run's database, so its tuning times are not "
+                         "a run's cost: run bench.tuned_kernels into a fresh --out")
+    return rows
+
+
 def main(argv=None):
-    parser = cli.parser(__doc__, "bench/results", "the quick budget and T=62 only")
+    parser = cli.parser(__doc__, "bench/results", "T=62 only (bench.tuned_kernels --quick has no other sample)")
     parser.add_argument("--workload", default="dense_b16", help="prefix of a bench.tuned_kernels case name")
-    parser.add_argument("--trials", type=int, default=None, help="64, or the quick budget's with --quick")
+    parser.add_argument("--tuned-kernels", type=pathlib.Path, default=pathlib.Path("bench/results"),
+                        help="the --out of a bench.tuned_kernels run (its tuned_kernels.csv)")
     args = parser.parse_args(argv)
     sampled_t = QUICK_SAMPLED_T if args.quick else SAMPLED_T
-    budget = cli.search_options(args.quick)
-    options = dataclasses.replace(budget, trials=args.trials or budget.trials)
     name, workload, shape_at, _ = next(c for c in CASES if c[0].startswith(args.workload))
+    tuned = tuned_kernels_rows(args.tuned_kernels / "tuned_kernels.csv", name, sampled_t)
+    trials = int(tuned[0]["trials"])
+    rows = [{"workload": name, "method": r["peer"], "T": r["T"], "ms": r["ms"], "gflops": r["gflops"],
+             "tuning_seconds": r["tuning_seconds"], "kernel": r["kernel"]} for r in tuned]
+    dietcode_seconds = next(r["tuning_seconds"] for r in rows if r["method"] == "dietcode")
+    largest_seconds = next(r["tuning_seconds"] for r in rows if r["method"] == "largest_shape")
+
     hw = hardware.detect()
-    template = templates.for_workload(workload)
     rng = np.random.default_rng(0)
-    dims_at = {t: workload.dims_at(shape_at(t)) for t in sampled_t}
-    operands = {t: template.random_operands(workload, dims, rng) for t, dims in dims_at.items()}
-    rows = []
-
-    def record(method, t, seconds, tuning_seconds, kernel):
-        rows.append({"workload": name, "method": method, "T": t, "ms": seconds * 1e3,
-                     "gflops": workload.flops(dims_at[t]) / seconds / 1e9, "tuning_seconds": tuning_seconds,
-                     "kernel": kernel})
-
-    started = time.perf_counter()  # DietCode: one search for the whole range, fresh database
-    result = search.search(workload, hw, LocalRunner(hw), options, Database())
-    dispatch = build_dispatch(result)
-    dietcode_seconds = time.perf_counter() - started
-    executables = {}
-    for t, dims in dims_at.items():
-        kernel = dispatch.kernels[dispatch.kernel_index(dims)]
-        executables.setdefault(kernel, measure.compile_kernel(workload, kernel, hw))
-        record("dietcode", t, seconds_per_call(executables[kernel].mod,
-                                               template.kernel_arguments(operands[t], workload, kernel)),
-               dietcode_seconds, kernel.name)
-
-    started = time.perf_counter()
-    _, largest = baselines.largest_shape(workload, hw, LocalRunner(hw), options, Database())
-    largest_seconds = time.perf_counter() - started
-    kernel = largest.kernels[0]
-    executable = measure.compile_kernel(workload, kernel, hw)
     for t in sampled_t:
-        record("largest_shape", t, seconds_per_call(executable.mod, template.kernel_arguments(
-            operands[t], workload, kernel)), largest_seconds, kernel.name)
-
-    for t, dims in dims_at.items():
+        dims = workload.dims_at(shape_at(t))
+        operands = templates.for_workload(workload).random_operands(workload, dims, rng)
+        row = {"workload": name, "method": "metaschedule_per_shape", "T": t}
         with tempfile.TemporaryDirectory() as work_dir:
             try:
-                executable, tuning = baselines.per_shape_metaschedule(workload, hw, dims, options.trials, work_dir)
+                executable, tuning = baselines.per_shape_metaschedule(workload, hw, dims, trials, work_dir)
             except baselines.MetaScheduleFailed as failure:  # a row saying so, not a lost suite run
                 print(failure)
-                record("metaschedule_per_shape", t, float("nan"), failure.seconds, "failed")
+                rows.append(row | {"ms": float("nan"), "gflops": float("nan"), "tuning_seconds": failure.seconds,
+                                   "kernel": "failed"})
                 continue
-        record("metaschedule_per_shape", t, seconds_per_call(executable.mod,
-                                                             baselines.plain_arguments(operands[t], workload, dims)),
-               tuning, "")
+        seconds = seconds_per_call(executable.mod, baselines.plain_arguments(operands, workload, dims))
+        rows.append(row | {"ms": seconds * 1e3, "gflops": workload.flops(dims) / seconds / 1e9,
+                           "tuning_seconds": tuning, "kernel": ""})
 
     args.out.mkdir(parents=True, exist_ok=True)
     report.write_csv(rows, args.out / "tuning_cost.csv")
     ms_total = sum(r["tuning_seconds"] for r in rows if r["method"] == "metaschedule_per_shape")
-    print(f"\n{name}, {options.trials} trials per shape, T in {sampled_t}")
+    print(f"\n{name}, {trials} trials per shape, T in {sampled_t}")
     print(f"tuning wall time: DietCode {dietcode_seconds:.0f} s for all of T in [1,128]; "
           f"MetaSchedule {ms_total:.0f} s for these {len(sampled_t)} shapes "
           f"(DietCode/MetaSchedule = {dietcode_seconds / ms_total:.2f}; projected to all 128 T: "
