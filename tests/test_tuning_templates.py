@@ -164,7 +164,9 @@ def test_local_padding_leaves_no_check_in_the_compute_loop(rng, workload):
         for fetch in ("x_pad", "y_pad"):
             _, fetch_realize = enclosing_loops_and_realize(mod, fetch)
             if fetch_realize is not None:
-                assert "if_then_else" in str(fetch_realize.block.body), (kernel.name, fetch)
+                body = str(fetch_realize.block.body)
+                assert "if_then_else" in body, (kernel.name, fetch)
+                assert "T.likely(" in body, (kernel.name, fetch)  # so a symbolic fetch loop splits at its bound
         _, write_realize = enclosing_loops_and_realize(mod, "out")
         if kernel.tile_m > 1 and not workload.m.static:  # rows padded past a dynamic M
             assert not isinstance(write_realize.predicate, tirx.IntImm), kernel.name
