@@ -3,8 +3,9 @@
     python -m bench.tuned_kernels [--quick] [--out bench/results]
 
 Tunes each workload once for T in [1, 128] (tuning database <out>/tuning.jsonl,
-resumed: the CSV says whether the tuning times started from empty databases), then at each T times TF's op in-graph (MatMul+BiasAdd, BatchMatMulV2),
-the bundle's dispatched kernel (TVM's time_evaluator: no Python in the loop)
+resumed: the CSV says whether the tuning times started from empty databases),
+then at each T times TF's op in-graph (MatMul+BiasAdd, BatchMatMulV2), the
+bundle's dispatched kernel (TVM's time_evaluator: no Python in the loop)
 and the same micro-kernel compiled for that static shape. Writes
 tuned_kernels.csv and tuned_kernels.png; prints tuning time and speed-ups.
 The Nimble-like baseline (tune the largest shape only, use its best kernel for

@@ -6,8 +6,8 @@ baseline beside them.
 
 DietCode's and the largest-shape baseline's runs are bench.tuned_kernels': each
 tunes from a fresh database there, and its CSV has their wall times, trial budget
-and kernel times (time_evaluator, as here), so they are read, not run a second
-time. DietCode measures each of its `trials` micro-kernels at every sample
+and kernel times (its tvm_seconds, which times MetaSchedule's kernels here), so
+they are read, not run a second time. DietCode measures each of its `trials` micro-kernels at every sample
 shape, so MetaSchedule gets `trials` trials per shape, timed here. Shapes: T in
 {5,24,43,62,81,100,119,128} (T=62 with --quick). Writes tuning_cost.csv: per
 method and T the kernel time and the method's tuning wall time. MetaSchedule's
@@ -23,7 +23,6 @@ os.environ.setdefault("TVM_NUM_THREADS", "2")
 os.environ.setdefault("TVM_BIND_THREADS", "0")
 
 import numpy as np  # noqa: E402
-import tvm  # noqa: E402
 
 # Before TensorFlow (bench.tuned_kernels imports it): MetaSchedule's tensor intrinsics are TVMScript
 # parsed at import, with inspect.stack() per function, which walks every loaded module: measured 26 s
@@ -31,16 +30,11 @@ import tvm  # noqa: E402
 import tvm.s_tir.tensor_intrin  # noqa: E402,F401
 
 from bench import cli, report  # noqa: E402
-from bench.tuned_kernels import CASES  # noqa: E402
+from bench.tuned_kernels import CASES, tvm_seconds  # noqa: E402
 from tf_dietcode.tuning import baselines, hardware, templates  # noqa: E402
 
 SAMPLED_T = (5, 24, 43, 62, 81, 100, 119, 128)
 QUICK_SAMPLED_T = (62,)
-
-
-def seconds_per_call(module, arguments):
-    timer = module.time_evaluator("main", tvm.cpu(), number=1, repeat=7, min_repeat_ms=30)
-    return float(np.median(timer(*arguments).results))
 
 
 def tuned_kernels_rows(path: pathlib.Path, workload: str, sampled_t) -> list[dict]:
@@ -75,10 +69,11 @@ def main(argv=None):
     largest_seconds = next(r["tuning_seconds"] for r in rows if r["method"] == "largest_shape")
 
     hw = hardware.detect()
+    template = templates.for_workload(workload)
     rng = np.random.default_rng(0)
     for t in sampled_t:
         dims = workload.dims_at(shape_at(t))
-        operands = templates.for_workload(workload).random_operands(workload, dims, rng)
+        operands = template.random_operands(workload, dims, rng)
         row = {"workload": name, "method": "metaschedule_per_shape", "T": t}
         with tempfile.TemporaryDirectory() as work_dir:
             try:
@@ -88,7 +83,7 @@ def main(argv=None):
                 rows.append(row | {"ms": float("nan"), "gflops": float("nan"), "tuning_seconds": failure.seconds,
                                    "kernel": "failed"})
                 continue
-        seconds = seconds_per_call(executable.mod, baselines.plain_arguments(operands, workload, dims))
+        seconds = tvm_seconds(executable.mod, "main", baselines.plain_arguments(operands, workload, dims))
         rows.append(row | {"ms": seconds * 1e3, "gflops": workload.flops(dims) / seconds / 1e9,
                            "tuning_seconds": tuning, "kernel": ""})
 

@@ -68,7 +68,7 @@ def split_fetch_at_bounds(sch: s_tir.Schedule, fetch) -> None:
     compare into masks (four 64-bit compares and packs per eight floats), and
     where the fetch runs per row tile along a dynamic K (batch matmul NN) the
     symbolic kernel ran 1.3-1.6x slower than the same micro-kernel compiled for
-    a static shape; with the split, 0.93-1.14x (T = 17-128). Loops of constant
+    a static shape; with the split, 0.97-1.22x (T = 17-128). Loops of constant
     trip count are left whole (LoopPartition's default), as are static kernels.
     """
     block = sch.get(fetch)
