@@ -21,7 +21,8 @@ import tvm
 from tvm import s_tir, te, tirx
 
 from tf_dietcode.tuning.micro_kernel import MicroKernel
-from tf_dietcode.tuning.templates import accumulate_locally, activation, dim, fetch_into_local, optional_block
+from tf_dietcode.tuning.templates import (accumulate_locally, activation, dim, fetch_into_local, optional_block,
+                                          vectorize_in_whole_vectors)
 from tf_dietcode.tuning.workload import Workload
 
 COMPUTE_BLOCK = "acc"
@@ -122,7 +123,7 @@ def copy_panel(sch: s_tir.Schedule, block, task, tile_n: int) -> None:
     panel = sch.cache_read(block, weight, "global")
     sch.compute_at(panel, task)
     sch.transform_layout(panel, ("write", 0), lambda r, j: (j // tile_n, r, j % tile_n))
-    sch.vectorize(sch.split(sch.get_loops(panel)[-1], [None, tile_n])[1])
+    vectorize_in_whole_vectors(sch, sch.split(sch.get_loops(panel)[-1], [None, tile_n])[1])
 
 
 def random_operands(workload: Workload, dims: dict[str, int], rng: np.random.Generator) -> dict[str, np.ndarray]:
