@@ -87,8 +87,8 @@ def main(argv=None):
     rows = []
     for (name, t, workload, entry, kernel_entry, operands), (op_seconds, loop_seconds) in zip(jobs, op_times):
         kernel = MicroKernel(**kernel_entry["params"])
-        kernel_seconds = tvm_seconds(module, kernel_entry["symbol"],
-                                     templates.for_workload(workload).kernel_arguments(operands, workload, kernel))
+        [kernel_seconds] = tvm_seconds((module, kernel_entry["symbol"],
+                                        templates.for_workload(workload).kernel_arguments(operands, workload, kernel)))
         overhead = op_seconds - loop_seconds - kernel_seconds
         rows.append({"workload": name, "T": t, "threads": args.threads, "kernel": kernel_entry["name"],
                      "op_us": op_seconds * 1e6, "loop_us": loop_seconds * 1e6,

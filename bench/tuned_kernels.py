@@ -5,8 +5,9 @@
 Tunes each workload once for T in [1, 128] (tuning database <out>/tuning.jsonl,
 resumed: the CSV says whether the tuning times started from empty databases),
 then at each T times TF's op in-graph (MatMul+BiasAdd, BatchMatMulV2), the
-bundle's dispatched kernel (TVM's time_evaluator: no Python in the loop)
-and the same micro-kernel compiled for that static shape. Writes
+bundle's dispatched kernel (TVM's time_evaluator: no Python in the loop),
+the same micro-kernel compiled for that static shape and the largest-shape
+baseline's kernel, these three in interleaved rounds (tvm_seconds). Writes
 tuned_kernels.csv and tuned_kernels.png; prints tuning time and speed-ups.
 The Nimble-like baseline (tune the largest shape only, use its best kernel for
 every T) runs beside it with the same budget.
@@ -71,9 +72,27 @@ def read_bundle_manifest(directory: pathlib.Path) -> dict:
     return json.loads(path.read_text())
 
 
-def tvm_seconds(module, name, arguments):
-    timer = module.time_evaluator(name, tvm.cpu(), number=1, repeat=7, min_repeat_ms=30)
-    return float(np.median(timer(*arguments).results))
+ROUNDS = 7
+ROUND_SECONDS = 0.03
+
+
+def tvm_seconds(*calls: tuple) -> list[float]:
+    """Median seconds per call of each (module, function name, arguments), timed in
+    interleaved rounds of at least ROUND_SECONDS per call.
+
+    Why interleaved: this VM's speed drifts by tens of % within seconds (the FMA
+    peak read 37-68 GFLOP/s across one hour), so kernels timed one after another
+    compare their moments as much as themselves; in rounds, each round times every
+    kernel at nearly the same moment and the median drops the outlying rounds.
+    """
+    timers = []
+    for module, name, arguments in calls:  # the first timing warms up and sizes the rounds
+        first = module.time_evaluator(name, tvm.cpu(), number=1, repeat=1, min_repeat_ms=int(ROUND_SECONDS * 1e3))
+        seconds = first(*arguments).mean
+        number = max(1, int(np.ceil(ROUND_SECONDS / seconds)))
+        timers.append((module.time_evaluator(name, tvm.cpu(), number=number, repeat=1), arguments))
+    rounds = [[timer(*arguments).mean for timer, arguments in timers] for _ in range(ROUNDS)]
+    return [float(np.median(column)) for column in zip(*rounds)]
 
 
 def main(argv=None):
@@ -126,11 +145,11 @@ def main(argv=None):
         index = dispatch.kernel_index(dims)
         kernel = dispatch.kernels[index]
         arguments = template.kernel_arguments(operands, workload, kernel)
-        symbolic = tvm_seconds(module, bundle.kernel_symbol(w_index, index), arguments)
-        static = tvm_seconds(measure.compile_kernel(workload, kernel, hw, dims).mod, "main", arguments)
         largest_kernel, largest_executable, _ = largest[name]
-        largest_time = tvm_seconds(largest_executable.mod, "main",
-                                   template.kernel_arguments(operands, workload, largest_kernel))
+        symbolic, static, largest_time = tvm_seconds(
+            (module, bundle.kernel_symbol(w_index, index), arguments),
+            (measure.compile_kernel(workload, kernel, hw, dims).mod, "main", arguments),
+            (largest_executable.mod, "main", template.kernel_arguments(operands, workload, largest_kernel)))
         tf_time = tf_times[(w_index, t)]
         for peer, seconds, used in (("tensorflow", tf_time, kernel), ("dietcode", symbolic, kernel),
                                     ("dietcode_static", static, kernel),

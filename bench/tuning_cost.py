@@ -83,7 +83,7 @@ def main(argv=None):
                 rows.append(row | {"ms": float("nan"), "gflops": float("nan"), "tuning_seconds": failure.seconds,
                                    "kernel": "failed"})
                 continue
-        seconds = tvm_seconds(executable.mod, "main", baselines.plain_arguments(operands, workload, dims))
+        [seconds] = tvm_seconds((executable.mod, "main", baselines.plain_arguments(operands, workload, dims)))
         rows.append(row | {"ms": seconds * 1e3, "gflops": workload.flops(dims) / seconds / 1e9,
                            "tuning_seconds": tuning, "kernel": ""})
 
