@@ -18,7 +18,7 @@ import numpy as np
 import tvm
 
 from tf_dietcode.atomic_output import atomic_directory
-from tf_dietcode.tuning import templates
+from tf_dietcode.tuning import measure, templates
 from tf_dietcode.tuning.dispatch import Dispatch
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.templates import dense
@@ -100,7 +100,7 @@ def build_bundle(dispatches: list[Dispatch], hw: Hardware, directory: str | path
             name = kernel_symbol(w, k)
             mod = templates.for_workload(dispatch.workload).schedule(dispatch.workload, kernel)
             functions[name] = mod["main"].with_attr("global_symbol", name)
-    executable = tvm.compile(tvm.IRModule(functions), target=hw.target())
+    executable = measure.build(tvm.IRModule(functions), hw)
 
     with atomic_directory(directory) as staging:
         executable.export_library(str(staging / LIBRARY), addons=[str(_compile_dispatch(dispatches, staging))])

@@ -15,8 +15,9 @@ import importlib
 # 4: dense kernels may read their weight in place; 5: relu keeps NaN;
 # 6: tanh (and GELU's tanh form) became a rational form, erf's keeps NaN explicitly;
 # 7: the write-back checks only rows and columns; 8: dense row tasks of task_m row tiles;
-# 9: fetches split at their bounds; 10: vectors of power-of-two width).
-TEMPLATES_VERSION = 10
+# 9: fetches split at their bounds; 10: vectors of power-of-two width;
+# 11: write-backs split at their bounds too).
+TEMPLATES_VERSION = 11
 
 import functools
 
@@ -69,7 +70,8 @@ def split_fetch_at_bounds(sch: s_tir.Schedule, fetch) -> None:
     where the fetch runs per row tile along a dynamic K (batch matmul NN) the
     symbolic kernel ran 1.3-1.6x slower than the same micro-kernel compiled for
     a static shape; with the split, 0.97-1.22x (T = 17-128). Loops of constant
-    trip count are left whole (LoopPartition's default), as are static kernels.
+    trip count against a symbolic bound (batch matmul NT's columns) split too,
+    under measure.PASS_CONFIG.
     """
     block = sch.get(fetch)
     store = block.body
@@ -140,7 +142,9 @@ def check_rows_and_columns_only(sch: s_tir.Schedule, write_back) -> None:
     per element: on one thread that cost a quarter of a K=64 batch-matmul
     kernel's time. Only the tile's rows and columns (the last two dims) can fall
     outside the output, the leading dims being iterated exactly, so only they are
-    checked, and only where the loop bounds do not already prove them.
+    checked, and only where the loop bounds do not already prove them; each
+    `likely`, so LoopPartition (measure.PASS_CONFIG) splits the loop over the
+    tile's columns into the valid columns, unchecked, and the rest.
     """
     if not isinstance(sch.get(sch.get_loops(write_back)[-1]).body, SBlockRealize):
         sch.add_unit_loop(write_back)  # a static tile of one row and column gets no loop of its own
@@ -153,7 +157,7 @@ def check_rows_and_columns_only(sch: s_tir.Schedule, write_back) -> None:
     checks = [value < var.dom.min + var.dom.extent
               for value, var in list(zip(realize.iter_values, realize.block.iter_vars))[-2:]]
     checks = [check for check in checks if not analyzer.can_prove(check, ProofStrength.SYMBOLIC_BOUND)]
-    predicate = functools.reduce(tirx.And, checks) if checks else tirx.const(True, "bool")
+    predicate = functools.reduce(tirx.And, map(tirx.likely, checks)) if checks else tirx.const(True, "bool")
     guarded = SBlockRealize(realize.iter_values, predicate, realize.block)
     loop = tirx.For(innermost.loop_var, innermost.min, innermost.extent, innermost.kind, guarded,
                     innermost.thread_binding, innermost.annotations)
