@@ -82,12 +82,16 @@ def split_fetch_at_bounds(sch: s_tir.Schedule, fetch) -> None:
         if isinstance(term, tirx.And):
             pending += [term.b, term.a]
         else:
-            terms.append(tirx.likely(term))
-    hinted = tirx.BufferStore(store.buffer, tirx.if_then_else(functools.reduce(tirx.And, terms), value, zero),
-                              store.indices)
+            terms.append(term)
+    hinted = tirx.BufferStore(store.buffer, tirx.if_then_else(all_likely(terms), value, zero), store.indices)
     replaced = SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, hinted, block.init,
                       block.alloc_buffers, block.match_buffers, block.annotations)
     sch.state.replace(sch.get_sref(fetch), replaced, {block: replaced})
+
+
+def all_likely(terms):
+    """The conjunction of `terms`, each `likely`: LoopPartition splits a loop at every one."""
+    return functools.reduce(tirx.And, map(tirx.likely, terms))
 
 
 def accumulate_locally(sch: s_tir.Schedule, block, loop, write_back, vector_loop, unroll_loop, reduction_loop,
@@ -157,7 +161,7 @@ def check_rows_and_columns_only(sch: s_tir.Schedule, write_back) -> None:
     checks = [value < var.dom.min + var.dom.extent
               for value, var in list(zip(realize.iter_values, realize.block.iter_vars))[-2:]]
     checks = [check for check in checks if not analyzer.can_prove(check, ProofStrength.SYMBOLIC_BOUND)]
-    predicate = functools.reduce(tirx.And, map(tirx.likely, checks)) if checks else tirx.const(True, "bool")
+    predicate = all_likely(checks) if checks else tirx.const(True, "bool")
     guarded = SBlockRealize(realize.iter_values, predicate, realize.block)
     loop = tirx.For(innermost.loop_var, innermost.min, innermost.extent, innermost.kind, guarded,
                     innermost.thread_binding, innermost.annotations)
