@@ -175,13 +175,18 @@ def test_local_padding_leaves_no_check_in_the_compute_loop(rng, workload):
         # ... the block runs unconditionally, and its body has no select.
         assert isinstance(realize.predicate, tirx.IntImm) and realize.predicate.value == 1, kernel.name
         assert "if_then_else" not in str(realize.block.body)
-        # Bounds live where data enters (zero fill) and leaves (write-back predicate).
+        # Bounds live where data enters (fetch) and leaves (write-back predicate). The fetch
+        # copies with no select per element; only padding along a dynamic K is zeroed, past K.
         for fetch in ("x_pad", "y_pad"):
             _, fetch_realize = enclosing_loops_and_realize(mod, fetch)
             if fetch_realize is not None:
-                body = str(fetch_realize.block.body)
-                assert "if_then_else" in body, (kernel.name, fetch)
-                assert "T.likely(" in body, (kernel.name, fetch)  # so a symbolic fetch loop splits at its bound
+                assert "if_then_else" not in str(fetch_realize.block.body), (kernel.name, fetch)
+                _, zero_realize = enclosing_loops_and_realize(mod, f"{fetch}_pad_const")
+                assert float(zero_realize.block.body.value) == 0.0, (kernel.name, fetch)
+                if workload.k.static:
+                    assert zero_realize.predicate.value == 0, (kernel.name, fetch)
+                else:
+                    assert "T.likely(K <= " in str(zero_realize.predicate), (kernel.name, fetch)
         _, write_realize = enclosing_loops_and_realize(mod, "out")
         if kernel.tile_m > 1 and not workload.m.static:  # rows padded past a dynamic M
             assert not isinstance(write_realize.predicate, tirx.IntImm), kernel.name

@@ -40,13 +40,13 @@ class Measurement:
         return cls(MicroKernel(**record["kernel"]), tuple(record["shape"]), record["seconds"], record["error"])
 
 
-# LoopPartition also splits loops of constant trip count: a tile's fetch and write-back
-# loops run over its columns (a constant) against a bound that is symbolic (N - the
-# tile's first column), and split there they copy with no check per element. Batch
-# matmul NT's symbolic m2_n32_k32 (every fetch and write-back of this kind) ran 6-12%
-# faster at T = 62-128 and 2-5% slower at T = 5-17; NN and dense within 1% (Zen 1 VM,
-# interleaved). Its remainder, the zero fill, keeps a check per element: at T = 1-5 the
-# symbolic kernel takes 1.5-1.7x the time of its static build.
+# LoopPartition also splits loops of constant trip count: a tile's write-back loop runs
+# over its columns (a constant) against a bound that is symbolic (N - the tile's first
+# column), and split there it writes the valid columns with no check per element. With
+# the fetches split this way too (templates 11), batch matmul NT's symbolic m2_n32_k32
+# ran 6-12% faster at T = 62-128 and 2-5% slower at T = 5-17; NN and dense within 1%
+# (Zen 1 VM, interleaved). The fetches now stop at the bounds by themselves
+# (templates.copy_inside_bounds), leaving the write-backs and the zero fill past K.
 PASS_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True}}
 
 

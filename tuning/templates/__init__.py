@@ -16,14 +16,15 @@ import importlib
 # 6: tanh (and GELU's tanh form) became a rational form, erf's keeps NaN explicitly;
 # 7: the write-back checks only rows and columns; 8: dense row tasks of task_m row tiles;
 # 9: fetches split at their bounds; 10: vectors of power-of-two width;
-# 11: write-backs split at their bounds too).
-TEMPLATES_VERSION = 11
+# 11: write-backs split at their bounds too; 12: fetches copy inside the bounds, zero only the reduction's padding).
+TEMPLATES_VERSION = 12
 
 import functools
 
 import tvm
 from tvm import s_tir, tirx
-from tvm.s_tir.stmt import SBlock, SBlockRealize
+from tvm.s_tir.stmt import SBlockRealize
+from tvm.tirx.analysis import undefined_vars
 from tvm.sym import Analyzer
 from tvm.sym.analyzer import ProofStrength
 
@@ -49,44 +50,73 @@ def optional_block(sch: s_tir.Schedule, name: str):
         return None
 
 
-def fetch_into_local(sch: s_tir.Schedule, name: str, loop):
-    """Local padding, input side: the padded copy `name` becomes a local tile
-    fetched (with its zero-fill bound check) once per iteration of `loop`."""
+def fetch_into_local(sch: s_tir.Schedule, name: str, loop, reduction_axis: int, layout=None):
+    """Local padding, input side: the padded copy `name` becomes a local tile,
+    laid out by the index map `layout` where one is given, fetched once per
+    iteration of `loop` by copy_inside_bounds (its iteration axis
+    `reduction_axis` runs along the reduction)."""
     block = optional_block(sch, name)
     if block is not None:
         sch.compute_at(block, loop)
         sch.set_scope(block, 0, "local")
-        split_fetch_at_bounds(sch, block)
+        if layout is not None:
+            sch.transform_layout(block, ("write", 0), layout)
+        copy_inside_bounds(sch, block, loop, reduction_axis)
     return block
 
 
-def split_fetch_at_bounds(sch: s_tir.Schedule, fetch) -> None:
-    """Mark each term of the fetch's zero-fill check `likely`, so TVM's
-    LoopPartition pass splits a fetch loop with a symbolic trip count at the
-    bound: a copy with no check, then a zero fill.
+def copy_inside_bounds(sch: s_tir.Schedule, fetch, loop, reduction_axis: int) -> None:
+    """Split the fetch's per-element "inside ? load : 0" (decompose_padding)
+    into a copy whose loops stop at the operand's bounds and a zero fill of the
+    padding past the reduction's bound alone, neither checking any element.
 
-    Without it a symbolic kernel checked every element: LLVM turned the int64
-    compare into masks (four 64-bit compares and packs per eight floats), and
-    where the fetch runs per row tile along a dynamic K (batch matmul NN) the
-    symbolic kernel ran 1.3-1.6x slower than the same micro-kernel compiled for
-    a static shape; with the split, 0.97-1.22x (T = 17-128). Loops of constant
-    trip count against a symbolic bound (batch matmul NT's columns) split too,
-    under measure.PASS_CONFIG.
+    Padding past a spatial bound (rows past M, columns past N) keeps whatever
+    the tile held: a product never mixes rows of x or columns of y, so it only
+    reaches output elements the write-back skips. Padding along the reduction
+    is summed into every output, so it is zeroed, `likely` marking the check
+    for LoopPartition to split the zero-fill loop at the bound.
+
+    A check per element cost a symbolic kernel 1.3-1.6x its static build's
+    time (LLVM turned the int64 compares into masks). Splitting the checked
+    loops at their bounds (LoopPartition) left the zero-fill remainder
+    checked, TVM being unable to prove the check false there: batch matmul
+    NT at T=1, one valid column of a 32-column panel, still ran 1.75x its
+    static build. Zero-filling every padded tile whole made NN kernels 5%
+    slower (each row tile of a K not a multiple of tile_k zeroed in full).
     """
+    if not isinstance(sch.get(sch.get_loops(fetch)[-1]).body, SBlockRealize):
+        sch.add_unit_loop(fetch)  # a tile of one element gets no loop of its own
     block = sch.get(fetch)
-    store = block.body
-    condition, value, zero = store.value.args
-    terms, pending = [], [condition]
-    while pending:
-        term = pending.pop()
-        if isinstance(term, tirx.And):
-            pending += [term.b, term.a]
-        else:
-            terms.append(term)
-    hinted = tirx.BufferStore(store.buffer, tirx.if_then_else(all_likely(terms), value, zero), store.indices)
-    replaced = SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, hinted, block.init,
-                      block.alloc_buffers, block.match_buffers, block.annotations)
-    sch.state.replace(sch.get_sref(fetch), replaced, {block: replaced})
+    reduction = block.iter_vars[reduction_axis].var
+    check = block.body.value.args[0]
+    bound = [term for term in conjunction_terms(check)
+             if any(var.same_as(reduction) for var in undefined_vars(term, []))]
+    loops = sch.get_loops(fetch)
+    first_fetch_loop = loops[[sch.get(outer).same_as(sch.get(loop)) for outer in loops].index(True) + 1]
+    zero = sch.decompose_padding(fetch, first_fetch_loop)
+    realize = sch.get(sch.get_loops(zero)[-1]).body
+    in_zero_fill = Analyzer()  # the fill's iteration axes follow the fetch's
+    for var, value in zip(block.iter_vars, realize.iter_values, strict=True):
+        in_zero_fill.bind(var.var, value)
+    past = [tirx.likely(in_zero_fill.simplify(term.a >= term.b)) for term in bound]
+    set_predicate(sch, sch.get_loops(zero)[-1], past[0] if past else tirx.const(False, "bool"))
+
+
+def conjunction_terms(condition) -> list:
+    """The terms of a chain of `and`s, in order."""
+    if isinstance(condition, tirx.And):
+        return conjunction_terms(condition.a) + conjunction_terms(condition.b)
+    return [condition]
+
+
+def set_predicate(sch: s_tir.Schedule, innermost, predicate) -> None:
+    """Guard the block directly under the loop `innermost` with `predicate`."""
+    loop = sch.get(innermost)
+    realize = loop.body
+    guarded = SBlockRealize(realize.iter_values, predicate, realize.block)
+    replaced = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, guarded, loop.thread_binding,
+                        loop.annotations)
+    sch.state.replace(sch.get_sref(innermost), replaced, {realize.block: realize.block})
 
 
 def all_likely(terms):
@@ -161,8 +191,4 @@ def check_rows_and_columns_only(sch: s_tir.Schedule, write_back) -> None:
     checks = [value < var.dom.min + var.dom.extent
               for value, var in list(zip(realize.iter_values, realize.block.iter_vars))[-2:]]
     checks = [check for check in checks if not analyzer.can_prove(check, ProofStrength.SYMBOLIC_BOUND)]
-    predicate = all_likely(checks) if checks else tirx.const(True, "bool")
-    guarded = SBlockRealize(realize.iter_values, predicate, realize.block)
-    loop = tirx.For(innermost.loop_var, innermost.min, innermost.extent, innermost.kind, guarded,
-                    innermost.thread_binding, innermost.annotations)
-    sch.state.replace(sch.get_sref(loops[-1]), loop, {realize.block: realize.block})
+    set_predicate(sch, loops[-1], all_likely(checks) if checks else tirx.const(True, "bool"))

@@ -10,11 +10,12 @@ heads, depth], and broadcasts over batch dims with stride 0: the op passes
 each tensor's layout, nothing is transposed or copied.
 
 Both operands arrive at run time, so nothing is pre-packed. A parallel task is
-one batch and task_n column blocks: it fetches its y panel once into a local,
-zero-padded tile laid out [K, columns] (the NT case transposes while fetching),
-then walks the rows in tile_m steps, fetching each x row tile into a local
-zero-padded tile. The register tile computes with no checks; only the fetches
-(zero fill past M, N, K) and the write-back (scale, addend, bound) carry them.
+one batch and task_n column blocks: it fetches its y panel once into a local
+tile laid out [K, columns] (the NT case transposes while fetching), then walks
+the rows in tile_m steps, fetching each x row tile into a local tile; both are
+zero-padded along K. The register tile computes with no checks; only the
+fetches (copies that stop at M, N, K) and the write-back (scale, addend,
+bound) carry them.
 """
 
 import math
@@ -104,10 +105,12 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     task = sch.fuse(p, h, j_task)
     sch.parallel(task)
 
-    panel = fetch_into_local(sch, "y_pad", task)    # the task's y columns, laid out [K, columns]
-    if panel is not None and workload.transpose_b:
-        sch.transform_layout(panel, ("write", 0), lambda q, g, c, d: (q, g, d, c))
-    fetch_into_local(sch, "x_pad", i_outer)         # tile_m rows of x
+    # the task's y columns, laid out [K, columns] (NT transposes while fetching); then tile_m rows of x
+    if workload.transpose_b:
+        fetch_into_local(sch, "y_pad", task, 3, lambda q, g, c, d: (q, g, d, c))
+    else:
+        fetch_into_local(sch, "y_pad", task, 2)
+    fetch_into_local(sch, "x_pad", i_outer, 3)
     accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), j_inner, i_inner, middle[0],
                        kernel.task_n == 1)
     return sch.mod

@@ -8,8 +8,8 @@ of tile_m rows (task_m = 0: every row tile, the tasks splitting N only) by
 task_n blocks of tile_n columns; with a weight read in place
 and task_m > 1 it first copies its panel into a contiguous local one that its
 row tiles share (GotoBLAS' packing of B, per call). Local padding: each row tile
-fetches its tile_m rows of x into a local zero-padded tile (the only bound check
-on input), accumulates a local tile_m x (task_n * tile_n) tile with no checks,
+fetches its tile_m rows of x into a local tile (copying the rows below M: the
+only bound check on input), accumulates a local tile_m x (task_n * tile_n) tile with no checks,
 and writes back the valid part with bias and activation fused (the only bound
 check on output).
 """
@@ -111,7 +111,7 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
 
     if not kernel.packed and kernel.task_m > 1:
         copy_panel(sch, block, task, kernel.tile_n)
-    fetch_into_local(sch, "x_pad", i_outer)         # x rows, zero padded past M
+    fetch_into_local(sch, "x_pad", i_outer, 1)      # x rows, copied up to M
     accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), ji, i_inner, middle[0], kernel.task_n == 1)
     return sch.mod
 
