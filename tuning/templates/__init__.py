@@ -88,18 +88,19 @@ def copy_inside_bounds(sch: s_tir.Schedule, fetch, loop, reduction_axis: int) ->
         sch.add_unit_loop(fetch)  # a tile of one element gets no loop of its own
     block = sch.get(fetch)
     reduction = block.iter_vars[reduction_axis].var
-    check = block.body.value.args[0]
-    bound = [term for term in conjunction_terms(check)
-             if any(var.same_as(reduction) for var in undefined_vars(term, []))]
+    bound = next((term for term in conjunction_terms(block.body.value.args[0])
+                  if any(var.same_as(reduction) for var in undefined_vars(term, []))), None)  # None: K not padded
     loops = sch.get_loops(fetch)
     first_fetch_loop = loops[[sch.get(outer).same_as(sch.get(loop)) for outer in loops].index(True) + 1]
     zero = sch.decompose_padding(fetch, first_fetch_loop)
-    realize = sch.get(sch.get_loops(zero)[-1]).body
-    in_zero_fill = Analyzer()  # the fill's iteration axes follow the fetch's
-    for var, value in zip(block.iter_vars, realize.iter_values, strict=True):
-        in_zero_fill.bind(var.var, value)
-    past = [tirx.likely(in_zero_fill.simplify(term.a >= term.b)) for term in bound]
-    set_predicate(sch, sch.get_loops(zero)[-1], past[0] if past else tirx.const(False, "bool"))
+    past_bound = tirx.const(False, "bool")
+    if bound is not None:
+        in_zero_fill = Analyzer()  # the fill's iteration axes follow the fetch's
+        realize = sch.get(sch.get_loops(zero)[-1]).body
+        for var, value in zip(block.iter_vars, realize.iter_values, strict=True):
+            in_zero_fill.bind(var.var, value)
+        past_bound = tirx.likely(in_zero_fill.simplify(bound.a >= bound.b))
+    set_predicate(sch, sch.get_loops(zero)[-1], past_bound)
 
 
 def conjunction_terms(condition) -> list:

@@ -9,9 +9,9 @@ task_n blocks of tile_n columns; with a weight read in place
 and task_m > 1 it first copies its panel into a contiguous local one that its
 row tiles share (GotoBLAS' packing of B, per call). Local padding: each row tile
 fetches its tile_m rows of x into a local tile (copying the rows below M: the
-only bound check on input), accumulates a local tile_m x (task_n * tile_n) tile with no checks,
-and writes back the valid part with bias and activation fused (the only bound
-check on output).
+only bound check on input), accumulates a local tile_m x (task_n * tile_n)
+tile with no checks, and writes back the valid part with bias and activation
+fused (the only bound check on output).
 """
 
 import math
