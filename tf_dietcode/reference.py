@@ -30,7 +30,8 @@ def fused_matmul(a, b, bias=None, *, transpose_a=False, transpose_b=False, activ
         b = unpack_weight(b, packed_n)
     rows = tf.shape(a)[1:] if transpose_a else tf.shape(a)[:tf.rank(a) - num_k_dims]
     if not transpose_a:
-        a = tf.reshape(a, [-1, tf.reduce_prod(tf.shape(a)[tf.rank(a) - num_k_dims:])])
+        # Explicit row count: with -1, TF reads an empty [0, 0] as one row.
+        a = tf.reshape(a, [tf.reduce_prod(rows), tf.reduce_prod(tf.shape(a)[tf.rank(a) - num_k_dims:])])
     product = tf.linalg.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
     if bias is not None:
         product = tf.nn.bias_add(product, bias)
