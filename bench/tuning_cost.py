@@ -10,9 +10,10 @@ and kernel times (its tvm_seconds, which times MetaSchedule's kernels here), so
 they are read, not run a second time. DietCode measures each of its `trials` micro-kernels at every sample
 shape, so MetaSchedule gets `trials` trials per shape, timed here. Shapes: T in
 {5,24,43,62,81,100,119,128} (T=62 with --quick). Writes tuning_cost.csv: per
-method and T the kernel time and the method's tuning wall time. MetaSchedule's
-one-time start-up (parsing its tensor intrinsics) is paid before its clock
-starts: it is per process, not per shape.
+method and T the kernel time and the method's tuning wall time. MetaSchedule
+parses only this CPU's tensor intrinsics, in the tuning process and in its
+builder workers (baselines.register_cpu_tensor_intrinsics): a TVMScript parsing
+cost of TVM's import, not of its search.
 """
 
 import os
@@ -23,11 +24,6 @@ os.environ.setdefault("TVM_NUM_THREADS", "2")
 os.environ.setdefault("TVM_BIND_THREADS", "0")
 
 import numpy as np  # noqa: E402
-
-# Before TensorFlow (bench.tuned_kernels imports it): MetaSchedule's tensor intrinsics are TVMScript
-# parsed at import, with inspect.stack() per function, which walks every loaded module: measured 26 s
-# alone, 73 s once TensorFlow's modules are loaded (and 115 s under a profiler).
-import tvm.s_tir.tensor_intrin  # noqa: E402,F401
 
 from bench import cli, report  # noqa: E402
 from bench.tuned_kernels import CASES, tvm_seconds  # noqa: E402

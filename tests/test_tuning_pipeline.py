@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -269,6 +270,24 @@ def test_largest_shape_baseline_tunes_one_shape_and_serves_the_range():
     assert chosen.kernels[0] == fastest.kernel
     assert {chosen.kernel_index(WORKLOAD.dims_at((m,))) for m in range(1, 101)} == {0}
     assert chosen.kernel_index(WORKLOAD.dims_at((101,))) == -1
+
+
+def test_per_shape_metaschedule_tunes_with_this_cpus_tensor_intrinsics_only(tmp_path):
+    """MetaSchedule, its builder workers included, runs with only this CPU's tensor
+    intrinsics parsed (the other targets' take ~40 s to parse): fresh interpreter, as
+    the intrinsic registry is per process."""
+    script = f"""
+import sys
+from tf_dietcode.tuning import baselines, hardware
+from tf_dietcode.tuning.workload import Workload
+workload = Workload("dense", (1, 8), 16, 8, bias=True)
+executable, _ = baselines.per_shape_metaschedule(workload, hardware.detect(), workload.dims_at((5,)), 2,
+                                                 {str(tmp_path)!r})
+print(executable is not None and "tvm.s_tir.tensor_intrin.cuda" not in sys.modules)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-1] == "True"
 
 
 @pytest.fixture

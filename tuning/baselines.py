@@ -9,6 +9,10 @@ at a time from the plain computation (operands as the TF op gets them, no
 pre-packing), so each shape costs a full tuning run.
 """
 
+import importlib
+import importlib.util
+import platform
+import sys
 import time
 
 import numpy as np
@@ -99,18 +103,42 @@ class MetaScheduleFailed(RuntimeError):
         self.seconds = seconds
 
 
+# tvm.s_tir.tensor_intrin's module holding the tensor intrinsics of each CPU architecture.
+CPU_TENSOR_INTRINSICS = {"x86_64": "x86", "AMD64": "x86", "aarch64": "arm_cpu", "arm64": "arm_cpu",
+                         "riscv64": "riscv_cpu"}
+
+
+def register_cpu_tensor_intrinsics() -> None:
+    """Registers this CPU's tensor intrinsics for MetaSchedule, and only those.
+
+    MetaSchedule imports tvm.s_tir.tensor_intrin, in the tuning process and again in
+    each builder worker. Its __init__ parses every target's intrinsics from TVMScript
+    (CUDA, ROCm, Hexagon, Arm, x86), and each parse calls inspect.stack(), which walks
+    every loaded module: 39 s on a Zen 1 VM, 28 s of it CUDA's. A CPU tune uses only
+    its own architecture's intrinsics, so the package is registered without running
+    its __init__, and then that one module is imported (about 1 s)."""
+    package = "tvm.s_tir.tensor_intrin"
+    if package not in sys.modules:
+        module = importlib.util.module_from_spec(importlib.util.find_spec(package))
+        sys.modules[package] = module
+        setattr(importlib.import_module("tvm.s_tir"), "tensor_intrin", module)
+    architecture = CPU_TENSOR_INTRINSICS.get(platform.machine())
+    if architecture:
+        importlib.import_module(f"{package}.{architecture}")
+
+
 def per_shape_metaschedule(workload: Workload, hw: Hardware, dims: dict[str, int], trials: int,
                            work_dir: str, seed: int = 0):
-    """MetaSchedule's best kernel for these static dims, and the tuning wall time in seconds
-    (from after its one-time import, which parses its tensor intrinsics: per process, not per shape)."""
+    """MetaSchedule's best kernel for these static dims, and the tuning wall time in seconds."""
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir import tensor_intrin  # noqa: F401
 
+    register_cpu_tensor_intrinsics()
     mod = tvm.IRModule({"main": plain_prim_func(workload, dims)})
     target = hw.target()
     started = time.perf_counter()
+    builder = ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_SECONDS, initializer=register_cpu_tensor_intrinsics)
     database = ms.tune_tir(mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=min(trials, 16),
-                           builder=ms.builder.LocalBuilder(timeout_sec=BUILD_TIMEOUT_SECONDS),
+                           builder=builder,
                            num_tuning_cores=hw.cores, seed=seed)
     schedule = ms.tir_integration.compile_tir(database, mod, target)
     seconds = time.perf_counter() - started
