@@ -96,6 +96,24 @@ def test_column_tasks_run_every_row_tile(rng):
     assert_right_at_edge_shapes(workload, kernel, rng)
 
 
+@pytest.mark.parametrize("workload", [WORKLOADS[8], WORKLOADS[9], WORKLOADS[11]], ids=ids)
+def test_whole_batch_tasks_run_their_column_tasks_in_turn(rng, workload):
+    """whole_batch: the only parallel loop is over the batch (B * H), each task running
+    every column task with its own y panel, right at every shape; the space offers
+    it only where N spans more than one column task."""
+    kernel = micro_kernel.MicroKernel(2, 8, 16, 1, True, whole_batch=True)
+    space = micro_kernel.space(hardware.detect(), workload)
+    assert kernel in space
+    assert all(not k.whole_batch for k in space if k.tile_n * k.task_n >= workload.n.hi)
+    sch = s_tir.Schedule(templates.for_workload(workload).schedule(workload, kernel))
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(f"{templates.batch_matmul.COMPUTE_BLOCK}_update"))]
+    assert [loop.kind for loop in loops].count(tirx.ForKind.PARALLEL) == 1
+    assert loops[0].kind == tirx.ForKind.PARALLEL and str(loops[0].extent) == "B * H"
+    dims = workload.dims_at(tuple(size.hi for _, size in workload.variables()))
+    assert templates.batch_matmul.task_count(workload, kernel, dims) == dims["b"]
+    assert_right_at_edge_shapes(workload, kernel, rng)
+
+
 @pytest.mark.parametrize("workload", [WORKLOADS[0], WORKLOADS[6], WORKLOADS[8]], ids=ids)
 def test_odd_vector_counts_vectorize_in_whole_registers(rng, workload):
     """A register tile three vectors wide is vectorized in power-of-two pieces

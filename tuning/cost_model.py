@@ -47,16 +47,17 @@ def accumulator_share(kernel: MicroKernel, hw: Hardware) -> float:
 
 def features(kernel: MicroKernel, hw: Hardware) -> list[float]:
     """What decides a micro-kernel's speed: tile shape, register use, cache footprints,
-    loop order and the weight's layout (a packed panel is contiguous; in place, each
+    loop order, the weight's layout (a packed panel is contiguous; in place, each
     k row of it is a separate stride of N floats, unless the task copies its panel
-    for task_m row tiles)."""
+    for task_m row tiles) and how batch-matmul tasks split the work."""
     vectors = kernel.tile_n / hw.vector_lanes
     return [kernel.tile_m, kernel.tile_n, kernel.tile_k, kernel.task_n, float(kernel.k_outer),
             vectors, kernel.tile_m * vectors + vectors + 1,               # registers in use
             accumulator_share(kernel, hw),
             kernel.tile_k * kernel.tile_n * 4 / hw.l1d_bytes,              # weight panel vs L1
             kernel.tile_k * kernel.tile_n * kernel.task_n * 4 / hw.l2_bytes,  # task's panel vs L2
-            float(kernel.tile_n % (2 * hw.vector_lanes) == 0), float(kernel.packed), kernel.task_m]
+            float(kernel.tile_n % (2 * hw.vector_lanes) == 0), float(kernel.packed), kernel.task_m,
+            float(kernel.whole_batch)]
 
 
 class CostModel:

@@ -10,7 +10,8 @@ heads, depth], and broadcasts over batch dims with stride 0: the op passes
 each tensor's layout, nothing is transposed or copied.
 
 Both operands arrive at run time, so nothing is pre-packed. A parallel task is
-one batch and task_n column blocks: it fetches its y panel once into a local
+one batch and task_n column blocks (or, whole_batch, one batch and all its
+column tasks in turn): each column task fetches its y panel once into a local
 tile laid out [K, columns] (the NT case transposes while fetching), then walks
 the rows in tile_m steps, fetching each x row tile into a local tile; both are
 zero-padded along K. The register tile computes with no checks; only the
@@ -102,14 +103,15 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     k_outer, k_inner = sch.split(k, [None, kernel.tile_k])
     middle = [k_outer, j_block] if kernel.k_outer else [j_block, k_outer]
     sch.reorder(p, h, j_task, i_outer, *middle, k_inner, i_inner, j_inner)
-    task = sch.fuse(p, h, j_task)
+    task = sch.fuse(p, h) if kernel.whole_batch else sch.fuse(p, h, j_task)
     sch.parallel(task)
+    columns = j_task if kernel.whole_batch else task
 
-    # the task's y columns, laid out [K, columns] (NT transposes while fetching); then tile_m rows of x
+    # the column task's y columns, laid out [K, columns] (NT transposes while fetching); then tile_m rows of x
     if workload.transpose_b:
-        fetch_into_local(sch, "y_pad", task, 3, lambda q, g, c, d: (q, g, d, c))
+        fetch_into_local(sch, "y_pad", columns, 3, lambda q, g, c, d: (q, g, d, c))
     else:
-        fetch_into_local(sch, "y_pad", task, 2)
+        fetch_into_local(sch, "y_pad", columns, 2)
     fetch_into_local(sch, "x_pad", i_outer, 3)
     accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), j_inner, i_inner, middle[0],
                        kernel.task_n == 1)
@@ -146,8 +148,8 @@ def reference_output(operands: dict, workload: Workload) -> np.ndarray:
 
 
 def task_count(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
-    """Parallel tasks: batches times column tasks."""
-    return dims["b"] * math.ceil(dims["n"] / (kernel.tile_n * kernel.task_n))
+    """Parallel tasks: batches (whole_batch), else batches times column tasks."""
+    return dims["b"] * (1 if kernel.whole_batch else math.ceil(dims["n"] / (kernel.tile_n * kernel.task_n)))
 
 
 def computed_elements(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
