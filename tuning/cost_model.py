@@ -95,14 +95,22 @@ class CostModel:
         """f_MK: GFLOP/s of each kernel at full occupancy with no padding."""
         return np.exp(self._booster.predict(np.array([features(k, self.hw) for k in kernels])))
 
+    def shape_factors(self, kernels: list[MicroKernel], shapes: list[tuple[int, ...]]) -> np.ndarray:
+        """f_occ * f_pad of each kernel (rows) at each shape (columns)."""
+        every_dims = [self.workload.dims_at(shape) for shape in shapes]  # once per shape, not per kernel
+        return np.array([[_shape_factor(self.workload, kernel, dims, self.hw.cores, self.k) for dims in every_dims]
+                         for kernel in kernels]).reshape(len(kernels), len(shapes))
+
     def predict(self, kernels: list[MicroKernel], shapes: list[tuple[int, ...]]) -> np.ndarray:
         """GFLOP/s of each kernel (rows) at each shape (columns)."""
-        mk = self.predict_mk(kernels)
-        return np.array([[mk[i] * self.shape_factor(kernel, s) for s in shapes] for i, kernel in enumerate(kernels)])
+        return self.predict_mk(kernels)[:, None] * self.shape_factors(kernels, shapes)
 
 
 def shape_factor(workload: Workload, kernel: MicroKernel, shape: tuple[int, ...], cores: int, k: float) -> float:
-    dims = workload.dims_at(shape)
+    return _shape_factor(workload, kernel, workload.dims_at(shape), cores, k)
+
+
+def _shape_factor(workload: Workload, kernel: MicroKernel, dims: dict[str, int], cores: int, k: float) -> float:
     return f_occ(task_count(workload, kernel, dims), cores, k) * f_pad(workload, kernel, dims)
 
 
@@ -158,8 +166,8 @@ def calibrated_gflops(measurements: list[Measurement], model: CostModel, kernels
             errors.setdefault(record.kernel, {}).setdefault(record.shape, []).append(
                 math.log(observed_gflops(model.workload, record) / formula))
     log_shapes = np.log(np.maximum(np.array(shapes, dtype=float), 1.0))
-    return np.array([[throughputs[kernel] * model.shape_factor(kernel, s) for s in shapes]
-                     for kernel in kernels]) * np.exp([_interpolate(errors[k], log_shapes) for k in kernels])
+    return (np.array([throughputs[kernel] for kernel in kernels])[:, None] * model.shape_factors(kernels, shapes)
+            * np.exp([_interpolate(errors[k], log_shapes) for k in kernels]))
 
 
 def _interpolate(errors: dict[tuple[int, ...], list[float]], log_shapes: np.ndarray) -> np.ndarray:

@@ -31,7 +31,13 @@ from tvm.sym.analyzer import ProofStrength
 
 def for_workload(workload):
     """The template module of the workload's kind."""
-    return importlib.import_module(f"tf_dietcode.tuning.templates.{workload.kind}")
+    return _template(workload.kind)
+
+
+@functools.cache
+def _template(kind: str):
+    """Looked up once per kind: dispatch's votes ask for it per kernel and shape (a million times)."""
+    return importlib.import_module(f"tf_dietcode.tuning.templates.{kind}")
 
 
 def dim(workload, name: str, dims: dict[str, int] | None):
