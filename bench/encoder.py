@@ -62,21 +62,28 @@ def build(config: EncoderConfig, seed: int = 0) -> keras.Model:
 
 
 def median_seconds(calls: dict[str, Callable[[], object]], repeats: int = 41,
-                   budget_seconds: float | None = None) -> dict[str, float]:
+                   budget_seconds: float | None = None,
+                   check: Callable[[dict[str, object]], None] | None = None) -> dict[str, float]:
     """Median seconds of each call, the calls interleaved so drift on a noisy machine hits all alike.
 
-    With a budget, fewer repeats (at least 3) when one round of calls takes long.
+    With a budget, fewer repeats (at least 3) when the first timed round takes
+    long (sized after the warm-up, which may compile: XLA's first call at a
+    shape). `check` gets the warm-up round's outputs by name, so checking
+    results costs no call of its own (a BERT-base call at batch 16 takes
+    seconds here).
     """
     samples = {name: [] for name in calls}
-    started = time.perf_counter()
-    for call in calls.values():
-        call()  # warm up
-    if budget_seconds is not None:
-        one_round = max(time.perf_counter() - started, 1e-6)
-        repeats = max(3, min(repeats, int(budget_seconds / one_round)))
-    for _ in range(repeats):
+    outputs = {name: call() for name, call in calls.items()}  # warm up
+    if check is not None:
+        check(outputs)
+    done = 0
+    while done < repeats:
         for name, call in calls.items():
             start = time.perf_counter()
             call()
             samples[name].append(time.perf_counter() - start)
+        done += 1
+        if done == 1 and budget_seconds is not None:
+            one_round = max(sum(values[0] for values in samples.values()), 1e-6)
+            repeats = max(3, min(repeats, int(budget_seconds / one_round)))
     return {name: statistics.median(values) for name, values in samples.items()}

@@ -48,7 +48,7 @@ def seconds_per_call(compute: Callable[..., tf.Tensor], inputs: Sequence[tf.Tens
     run = looped(compute, inputs, jit_compile)
     wall_seconds(run, 2)  # trace and warm up
     estimate = max(wall_seconds(run, 3) - wall_seconds(run, 0), 1e-6) / 3
-    iterations = int(min(max(target_seconds / estimate, 3), 2000))
+    iterations = int(min(max(target_seconds / estimate, 1), 2000))  # a call past the target: one per sample
     samples = []
     for _ in range(repeats):
         samples.append((wall_seconds(run, iterations) - wall_seconds(run, 0)) / iterations)

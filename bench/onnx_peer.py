@@ -31,8 +31,22 @@ def model_path(out_dir: pathlib.Path, workload_name: str) -> pathlib.Path:
 def export_all(out_dir: pathlib.Path) -> None:
     """Every bench.workloads workload's TF form as <name>.onnx (fully dynamic dims), in a child process."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "bench.onnx_peer", str(out_dir)], check=True, capture_output=True,
-                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    _convert(["bench.onnx_peer", str(out_dir)])
+
+
+def convert_saved_model(saved_model: pathlib.Path, path: pathlib.Path) -> None:
+    """A SavedModel's serving signature as the ONNX model `path`, by tf2onnx in a child process."""
+    _convert(["tf2onnx.convert", "--saved-model", str(saved_model), "--output", str(path), "--opset", "17"])
+
+
+def _convert(module_and_arguments: list[str]) -> None:
+    """Runs a tf2onnx conversion as `python -m ...`, in a child process: tf2onnx rewrites TF's graph state.
+    Its log is kept back unless it fails (a negative status is the signal that killed it: -9 is what the out-of-memory killer sends)."""
+    child = subprocess.run([sys.executable, "-m", *module_and_arguments], capture_output=True, text=True,
+                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    if child.returncode != 0:
+        raise RuntimeError(f"python -m {' '.join(module_and_arguments)} exited with status {child.returncode}:\n"
+                           f"{child.stderr[-3000:]}")
 
 
 def session(model: pathlib.Path | bytes, spinning: bool = True):
@@ -76,7 +90,7 @@ def median_seconds(call, repeats: int = 5, target_seconds: float = 0.05) -> floa
     call()
     start = time.perf_counter()
     call()
-    count = int(min(max(target_seconds / max(time.perf_counter() - start, 1e-7), 3), 2000))
+    count = int(min(max(target_seconds / max(time.perf_counter() - start, 1e-7), 1), 2000))
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
