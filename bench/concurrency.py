@@ -23,10 +23,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from bench import in_graph_timing, report  # noqa: E402
+from bench import in_graph_timing, report, workloads  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
 from bench.tuned_kernels import read_bundle_manifest  # noqa: E402
-from tf_dietcode import ops, reference  # noqa: E402
+from tf_dietcode import ops  # noqa: E402
 from tf_dietcode.tuning.templates import dense  # noqa: E402
 
 ITERATIONS = 200
@@ -83,7 +83,7 @@ def main(argv=None):
     path = str(args.bundle)
     peers = {
         "dietcode": (lambda x, wp, b: ops.fused_matmul(x, wp, b, packed_n=packed_n, bundle=path), weight),
-        "tensorflow": (lambda x, wt, b: reference.fused_matmul(x, wt, b, transpose_b=True), w),
+        "tensorflow": (workloads.tf_dense, np.ascontiguousarray(w.T)),
     }
     rows = []
     for t in SEQUENCE_LENGTHS:

@@ -28,7 +28,6 @@ import tvm  # noqa: E402
 
 from bench import cli, in_graph_timing, peak, report, workloads  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
-from tf_dietcode import reference  # noqa: E402
 from tf_dietcode.tuning import baselines, bundle, hardware, measure, search, templates  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 from tf_dietcode.tuning.dispatch import build_dispatch  # noqa: E402
@@ -39,10 +38,22 @@ from tf_dietcode.tuning.workload import Workload  # noqa: E402
 def _dense_case(batch: int, n: int, k: int):
     """Dense [batch*T, k] x [n, k]^T + bias, tuned for T in [1, 128]."""
     return (workloads.dense_name(batch, n, k), Workload("dense", (batch, 128 * batch), n, k, bias=True),
-            lambda t: (batch * t,), lambda x, w, b: reference.fused_matmul(x, w, b, transpose_b=True))
+            lambda t: (batch * t,), _tf_dense)
 
 
-# (name, workload, shape variables at sequence length T, the same product in TF ops)
+def _tf_dense(operands: dict) -> tuple:
+    """TF's peer of a dense kernel, the weight stored [K, N] (bench.workloads.tf_dense says why)."""
+    return workloads.tf_dense, [tf.constant(operands["x"]), tf.constant(np.ascontiguousarray(operands["w"].T)),
+                                tf.constant(operands["bias"])]
+
+
+def _tf_batch_matmul(adjoint_b: bool):
+    """TF's peer of a batch-matmul kernel: BatchMatMulV2 on the kernel's own operands."""
+    return lambda operands: ((lambda x, y, alpha: tf.linalg.matmul(x, y, adjoint_b=adjoint_b)),
+                             [tf.constant(v) for v in operands.values()])
+
+
+# (name, workload, shape variables at sequence length T, TF's peer: operands -> (computation, its inputs))
 CASES = [
     _dense_case(16, 2304, 768),
     _dense_case(1, 2304, 768),
@@ -51,10 +62,10 @@ CASES = [
     _dense_case(16, 3072, 768),
     _dense_case(16, 768, 3072),
     (workloads.BMM_NT, Workload("batch_matmul", (1, 128), (1, 128), 64, b=192, ties=("m", "n")),
-     lambda t: (t,), lambda x, y, alpha: tf.linalg.matmul(x, y, adjoint_b=True)),
+     lambda t: (t,), _tf_batch_matmul(adjoint_b=True)),
     (workloads.BMM_NN,
      Workload("batch_matmul", (1, 128), 64, (1, 128), b=192, transpose_b=False, ties=("m", "k")),
-     lambda t: (t,), lambda x, y, alpha: tf.linalg.matmul(x, y)),
+     lambda t: (t,), _tf_batch_matmul(adjoint_b=False)),
 ]
 
 
@@ -127,17 +138,16 @@ def main(argv=None):
     module = tvm.runtime.load_module(str(args.out / "bundle" / bundle.LIBRARY))
 
     jobs = []
-    for w_index, (name, workload, shape_at, tf_compute) in enumerate(cases):
+    for w_index, (name, workload, shape_at, tf_peer) in enumerate(cases):
         template = templates.for_workload(workload)
         for t in sequence_lengths:
             dims = workload.dims_at(shape_at(t))
             operands = template.random_operands(workload, dims, rng)
             if "alpha" in operands:
                 operands["alpha"] = 1.0  # plain products: TF's peer is its BatchMatMul alone
-            jobs.append((w_index, name, workload, template, t, dims, tf_compute, operands))
+            jobs.append((w_index, name, workload, template, t, dims, tf_peer, operands))
     # TF first, before TVM's thread pool is busy.
-    tf_times = {(job[0], job[4]): in_graph_timing.seconds_per_call(
-        job[6], [tf.constant(v) for v in job[7].values()]) for job in jobs}
+    tf_times = {(job[0], job[4]): in_graph_timing.seconds_per_call(*job[6](job[7])) for job in jobs}
 
     rows = []
     for w_index, name, workload, template, t, dims, _, operands in jobs:
