@@ -73,17 +73,20 @@ def median_seconds(calls: dict[str, Callable[[], object]], repeats: int = 41,
     seconds here).
     """
     samples = {name: [] for name in calls}
-    outputs = {name: call() for name, call in calls.items()}  # warm up
-    if check is not None:
-        check(outputs)
-    done = 0
-    while done < repeats:
+
+    def timed_round() -> float:
         for name, call in calls.items():
             start = time.perf_counter()
             call()
             samples[name].append(time.perf_counter() - start)
-        done += 1
-        if done == 1 and budget_seconds is not None:
-            one_round = max(sum(values[0] for values in samples.values()), 1e-6)
-            repeats = max(3, min(repeats, int(budget_seconds / one_round)))
+        return sum(values[-1] for values in samples.values())
+
+    outputs = {name: call() for name, call in calls.items()}  # warm up
+    if check is not None:
+        check(outputs)
+    first_round = timed_round()
+    if budget_seconds is not None:
+        repeats = max(3, min(repeats, int(budget_seconds / max(first_round, 1e-6))))
+    for _ in range(repeats - 1):
+        timed_round()
     return {name: statistics.median(values) for name, values in samples.items()}

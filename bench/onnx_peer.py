@@ -41,7 +41,9 @@ def convert_saved_model(saved_model: pathlib.Path, path: pathlib.Path) -> None:
 
 def _convert(module_and_arguments: list[str]) -> None:
     """Runs a tf2onnx conversion as `python -m ...`, in a child process: tf2onnx rewrites TF's graph state.
-    Its log is kept back unless it fails (a negative status is the signal that killed it: -9 is what the out-of-memory killer sends)."""
+
+    Its log is kept back unless it fails (a negative status is the signal that
+    killed it: -9 is what the out-of-memory killer sends)."""
     child = subprocess.run([sys.executable, "-m", *module_and_arguments], capture_output=True, text=True,
                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     if child.returncode != 0:
