@@ -222,3 +222,19 @@ def test_batch_matmul_attention_forms(tmp_path, rng, name, attention):
                                rtol=1e-5, atol=1e-5)
     library = optimized.graph.as_graph_def().library.function
     assert not {"BatchMatMulV2", "Transpose"} & {n.op for f in library for n in f.node_def}
+
+
+def test_signatures_of_one_computation_run_the_model_at_its_corners_once(tmp_path, monkeypatch):
+    """Keras exports "serve" and "serving_default" as the same graph (but for cosmetic attrs):
+    sizing the workloads runs the model at the range corners for one of them only, and both
+    signatures get the same workloads."""
+    from tf_dietcode.graph_rewrite import shape_ranges
+
+    keras.Sequential([keras.Input((16,), name="x"), keras.layers.Dense(8)]).export(str(tmp_path / "in"), verbose=False)
+    corner_runs = []
+    corner_shapes = shape_ranges.corner_shapes
+    monkeypatch.setattr(shape_ranges, "corner_shapes", lambda *a: corner_runs.append(a) or corner_shapes(*a))
+    converter = tf_dietcode.Converter(tmp_path / "in", shape_ranges={"x": [(1, 9), 16]},
+                                      tuning=TINY_TUNING).build()
+    assert sorted(g.key for g in converter.graphs) == ["serve", "serving_default"] and len(corner_runs) == 1
+    assert len(converter.report.workloads) == 1

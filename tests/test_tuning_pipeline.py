@@ -2,6 +2,7 @@
 (tree and its C form), database, runner failures, and a checked bundle."""
 
 import ctypes
+import gc
 import hashlib
 import json
 import math
@@ -236,6 +237,25 @@ def test_runner_records_timeouts_instead_of_failing():
     kernels = [MicroKernel(2, 8, 32, 1, True), MicroKernel(4, 8, 32, 1, False)]
     results = LocalRunner(hw, timeout_s=0.01).run(WORKLOAD, kernels, [(1,), (50,)])
     assert len(results) == 4 and all(r.seconds is None and r.error for r in results)
+
+
+def test_runner_keeps_its_worker_between_runs_and_replaces_a_hung_one():
+    """One worker serves run after run; one that timed out is stopped, the next run starts
+    another, and releasing the runner stops its worker."""
+    runner = LocalRunner(hardware.detect())
+    kernels = [MicroKernel(2, 8, 32, 1, True), MicroKernel(4, 8, 32, 1, False)]
+    assert all(r.seconds for r in runner.run(WORKLOAD, kernels[:1], [(1,), (50,)]))
+    worker = runner._worker
+    assert all(r.seconds for r in runner.run(WORKLOAD, kernels[1:], [(7,)])) and runner._worker is worker
+    runner.timeout_s = 0.01
+    assert all(r.error == "timeout or crash" for r in runner.run(WORKLOAD, kernels, [(1,)]))
+    assert runner._worker is None and worker.poll() is not None
+    runner.timeout_s = 60.0
+    assert all(r.seconds for r in runner.run(WORKLOAD, kernels, [(3,)]))
+    worker = runner._worker
+    del runner
+    gc.collect()
+    assert worker.poll() is not None
 
 
 def test_quick_tune_writes_a_checked_bundle(tmp_path):

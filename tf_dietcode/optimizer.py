@@ -60,6 +60,17 @@ class Report:
         return "\n".join(lines)
 
 
+def _computation(graph: signature_graph.SignatureGraph) -> tuple:
+    """What a signature computes: its graph without the `_user_specified_name` attrs (which
+    differ between the signatures of one Keras export), its inputs and the variables it captures."""
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.CopyFrom(graph.graph_def)
+    for node in graph_def.node:
+        node.attr.pop("_user_specified_name", None)
+    return (graph_def.SerializeToString(deterministic=True), repr(graph.input_specs), repr(graph.input_tensors),
+            tuple((name, id(t)) for name, t in sorted(graph.captures.items())))
+
+
 def _dense_workload(layer: horizontal_fusion.DenseGroup, rows: tuple[int, int], cold_weight: bool) -> Workload:
     return Workload("dense", (max(rows[0], 1), max(rows[1], 1)), layer.n, layer.k,
                     bias=layer.has_bias, activation=layer.activation, cold_weight=cold_weight)
@@ -140,6 +151,7 @@ class Converter:
             self.report.ranges, self.report.notes = self.ranges, []
         self._workloads, self._built = {}, True
         cold_weights = self._cold_weights()
+        corners_seen = {}  # Keras exports "serve" and "serving_default" alike: run the model at its corners once
         for graph in self.graphs:
             dense_layers = self.dense_layers[graph.key]
             products = [a for a in self.attention[graph.key] if not a.adj_x]  # tuned kernels read x as is
@@ -148,9 +160,12 @@ class Converter:
             tensors = {**{f"dense_{i}": m.x for i, m in enumerate(dense_layers)},
                        **{f"x_{i}": a.x for i, a in enumerate(products)},
                        **{f"y_{i}": a.y for i, a in enumerate(products)}}
-            operands = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, tensors,
-                                                      graph.captures, graph.graph_def).function()
-            corners = shape_ranges.corner_shapes(operands, graph.input_specs, self.ranges[graph.key])
+            seen = (_computation(graph), repr(tensors), repr(self.ranges[graph.key]))
+            if seen not in corners_seen:
+                operands = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors,
+                                                          tensors, graph.captures, graph.graph_def).function()
+                corners_seen[seen] = shape_ranges.corner_shapes(operands, graph.input_specs, self.ranges[graph.key])
+            corners = corners_seen[seen]
             for i, layer in enumerate(dense_layers):
                 self._workloads[(graph.key, layer.core)] = _dense_workload(
                     layer, shape_ranges.row_range(corners[f"dense_{i}"], layer.k), cold_weights)

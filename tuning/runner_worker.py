@@ -1,8 +1,8 @@
-"""Child process of LocalRunner: compiles and measures the kernels of one job.
+"""Child process of LocalRunner: compiles and measures the kernels of each job it is sent.
 
-Reads a JSON job on stdin; writes one JSON line per (kernel, shape) measurement
-and a {"done": ...} line after each kernel, flushing as it goes so the parent
-keeps what finished before a hang.
+Reads one JSON job per line on stdin until it closes; writes one JSON line per
+(kernel, shape) measurement and a {"done": ...} line after each kernel,
+flushing as it goes so the parent keeps what finished before a hang.
 """
 
 import json
@@ -20,8 +20,7 @@ def _emit(record: dict) -> None:
     sys.stdout.flush()
 
 
-def main() -> None:
-    job = json.load(sys.stdin)
+def run_job(job: dict) -> None:
     workload = Workload.from_key(job["workload"])
     hw = hardware.detect()
     rng = np.random.default_rng(job["seed"])
@@ -38,6 +37,11 @@ def main() -> None:
         for record in records:
             _emit(record.to_json())
         _emit({"done": fields})
+
+
+def main() -> None:
+    for line in sys.stdin:
+        run_job(json.loads(line))
 
 
 if __name__ == "__main__":
