@@ -224,13 +224,14 @@ def test_batch_matmul_attention_forms(tmp_path, rng, name, attention):
     assert not {"BatchMatMulV2", "Transpose"} & {n.op for f in library for n in f.node_def}
 
 
-def test_signatures_of_one_computation_run_the_model_at_its_corners_once(tmp_path, monkeypatch):
+def test_signatures_of_one_computation_are_sized_and_rewritten_once(tmp_path, rng, monkeypatch):
     """Keras exports "serve" and "serving_default" as the same graph (but for cosmetic attrs):
-    sizing the workloads runs the model at the range corners for one of them only, and both
-    signatures get the same workloads."""
+    the model runs at the range corners for one of them only, and one rewritten function
+    serves both, each still counted as fused and matching the original."""
     from tf_dietcode.graph_rewrite import shape_ranges
 
-    keras.Sequential([keras.Input((16,), name="x"), keras.layers.Dense(8)]).export(str(tmp_path / "in"), verbose=False)
+    model = keras.Sequential([keras.Input((16,), name="x"), keras.layers.Dense(8)])
+    model.export(str(tmp_path / "in"), verbose=False)
     corner_runs = []
     corner_shapes = shape_ranges.corner_shapes
     monkeypatch.setattr(shape_ranges, "corner_shapes", lambda *a: corner_runs.append(a) or corner_shapes(*a))
@@ -238,3 +239,13 @@ def test_signatures_of_one_computation_run_the_model_at_its_corners_once(tmp_pat
                                       tuning=TINY_TUNING).build()
     assert sorted(g.key for g in converter.graphs) == ["serve", "serving_default"] and len(corner_runs) == 1
     assert len(converter.report.workloads) == 1
+    rewrites = []
+    rewrite = tf_dietcode.Converter._rewrite
+    monkeypatch.setattr(tf_dietcode.Converter, "_rewrite", lambda *a: rewrites.append(a) or rewrite(*a))
+    report = converter.save(tmp_path / "out")
+    assert len(rewrites) == 1 and sum(report.fused.values()) == 2  # the layer, in each signature
+    optimized = tf.saved_model.load(str(tmp_path / "out"))
+    x = rng.uniform(-1, 1, (5, 16)).astype(np.float32)
+    for key in ("serve", "serving_default"):
+        (output,) = optimized.signatures[key](x=x).values()
+        np.testing.assert_allclose(output, model(x), rtol=1e-5, atol=1e-5)

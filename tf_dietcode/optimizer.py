@@ -228,14 +228,22 @@ class Converter:
         if self._bundle_dir is not None:  # set only when there were workloads to tune
             module.bundle_manifest = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.MANIFEST))
             module.bundle_library = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.LIBRARY))
+        rewritten_functions = {}  # signatures that compute alike (Keras' serve, serving_default) share one
         for graph in self.graphs:
-            rewritten = self._rewrite(graph, module)
-            module.variables_kept += [self._variables[id(t)] for t in graph.captures.values()
-                                      if id(t) in self._variables]
-            function = rewritten.function()
-            specs = [tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in graph.input_specs.items()]
-            self._signatures[graph.key] = tf.function(lambda *args, f=function: f(*args),
-                                                      input_signature=specs).get_concrete_function()
+            computation = _computation(graph)
+            if computation not in rewritten_functions:
+                fused_before = collections.Counter(self.report.fused)
+                rewritten = self._rewrite(graph, module)
+                module.variables_kept += [self._variables[id(t)] for t in graph.captures.values()
+                                          if id(t) in self._variables]
+                function = rewritten.function()
+                specs = [tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in graph.input_specs.items()]
+                rewritten_functions[computation] = (
+                    tf.function(lambda *args, f=function: f(*args), input_signature=specs).get_concrete_function(),
+                    self.report.fused - fused_before)
+            else:
+                self.report.fused.update(rewritten_functions[computation][1])  # fused in this signature too
+            self._signatures[graph.key] = rewritten_functions[computation][0]
         return module
 
     def _rewrite(self, graph: signature_graph.SignatureGraph, module: tf.Module) -> signature_graph.SignatureGraph:
