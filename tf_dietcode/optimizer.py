@@ -121,6 +121,7 @@ class Converter:
             raise ValueError(f"unknown signature(s) {missing}; the model has {sorted(self.loaded.signatures)}")
         variables = signature_graph.variables_of(self.loaded)
         self.graphs = [signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys]
+        self._computations = {graph.key: _computation(graph) for graph in self.graphs}
         self.dense_layers, self.attention, self.ranges = {}, {}, {}
         notes, left, found = [], [], collections.Counter()
         for graph in self.graphs:
@@ -160,7 +161,7 @@ class Converter:
             tensors = {**{f"dense_{i}": m.x for i, m in enumerate(dense_layers)},
                        **{f"x_{i}": a.x for i, a in enumerate(products)},
                        **{f"y_{i}": a.y for i, a in enumerate(products)}}
-            seen = (_computation(graph), repr(tensors), repr(self.ranges[graph.key]))
+            seen = (self._computations[graph.key], repr(tensors), repr(self.ranges[graph.key]))
             if seen not in corners_seen:
                 operands = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors,
                                                           tensors, graph.captures, graph.graph_def).function()
@@ -230,20 +231,18 @@ class Converter:
             module.bundle_library = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.LIBRARY))
         rewritten_functions = {}  # signatures that compute alike (Keras' serve, serving_default) share one
         for graph in self.graphs:
-            computation = _computation(graph)
+            computation = self._computations[graph.key]
             if computation not in rewritten_functions:
-                fused_before = collections.Counter(self.report.fused)
                 rewritten = self._rewrite(graph, module)
                 module.variables_kept += [self._variables[id(t)] for t in graph.captures.values()
                                           if id(t) in self._variables]
                 function = rewritten.function()
                 specs = [tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in graph.input_specs.items()]
-                rewritten_functions[computation] = (
-                    tf.function(lambda *args, f=function: f(*args), input_signature=specs).get_concrete_function(),
-                    self.report.fused - fused_before)
-            else:
-                self.report.fused.update(rewritten_functions[computation][1])  # fused in this signature too
-            self._signatures[graph.key] = rewritten_functions[computation][0]
+                rewritten_functions[computation] = tf.function(lambda *args, f=function: f(*args),
+                                                               input_signature=specs).get_concrete_function()
+            self._signatures[graph.key] = rewritten_functions[computation]
+            self.report.fused.update(m.form for layer in self.dense_layers[graph.key] for m in layer.members)
+            self.report.fused.update(m.form for m in self.attention[graph.key])
         return module
 
     def _rewrite(self, graph: signature_graph.SignatureGraph, module: tf.Module) -> signature_graph.SignatureGraph:
@@ -263,7 +262,6 @@ class Converter:
             new = rewrite.splice(graph_def, replacement, bound, prefix,
                                  {m.output: f"out_{i}" for i, m in enumerate(matches)}, replaced)
             outputs.update({k: new[v] for k, v in outputs.items() if v in new})
-            self.report.fused.update(m.form for m in matches)
 
         for i, layer in enumerate(dense_layers):
             placeholder = f"dietcode/packed_{i}"
