@@ -19,7 +19,7 @@ import time
 import numpy as np
 import tvm
 
-from tf_dietcode.tuning import templates
+from tf_dietcode.tuning import guarded_loops, templates
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -53,7 +53,7 @@ PASS_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True}}
 def build(mod: tvm.IRModule, hw: Hardware):
     """Kernels compiled for this machine, as every kernel is (tuning, bundles, benchmarks)."""
     with tvm.transform.PassContext(config=PASS_CONFIG):
-        return tvm.compile(mod, target=hw.target())
+        return tvm.compile(mod, target=hw.target(), tir_pipeline=guarded_loops.PIPELINE)
 
 
 def compile_kernel(workload: Workload, kernel: MicroKernel, hw: Hardware, dims: dict[str, int] | None = None):

@@ -16,8 +16,9 @@ import importlib
 # 6: tanh (and GELU's tanh form) became a rational form, erf's keeps NaN explicitly;
 # 7: the write-back checks only rows and columns; 8: dense row tasks of task_m row tiles;
 # 9: fetches split at their bounds; 10: vectors of power-of-two width;
-# 11: write-backs split at their bounds too; 12: fetches copy inside the bounds, zero only the reduction's padding).
-TEMPLATES_VERSION = 12
+# 11: write-backs split at their bounds too; 12: fetches copy inside the bounds, zero only the reduction's padding;
+# 13: guarded loops stop at their bounds (guarded_loops), batch matmul's x tile on the stack).
+TEMPLATES_VERSION = 13
 
 import functools
 
@@ -56,15 +57,17 @@ def optional_block(sch: s_tir.Schedule, name: str):
         return None
 
 
-def fetch_into_local(sch: s_tir.Schedule, name: str, loop, reduction_axis: int, layout=None):
-    """Local padding, input side: the padded copy `name` becomes a local tile,
-    laid out by the index map `layout` where one is given, fetched once per
-    iteration of `loop` by copy_inside_bounds (its iteration axis
-    `reduction_axis` runs along the reduction)."""
+def fetch_into_local(sch: s_tir.Schedule, name: str, loop, reduction_axis: int, layout=None, scope: str = "local"):
+    """Local padding, input side: the padded copy `name` becomes a tile private
+    to each task, laid out by the index map `layout` where one is given,
+    fetched once per iteration of `loop` by copy_inside_bounds (its iteration
+    axis `reduction_axis` runs along the reduction). scope "local": a
+    64-byte-aligned workspace allocation per task (for tiles read as vectors);
+    "global": on the stack where under 1 KiB (see accumulate_locally)."""
     block = optional_block(sch, name)
     if block is not None:
         sch.compute_at(block, loop)
-        sch.set_scope(block, 0, "local")
+        sch.set_scope(block, 0, scope)
         if layout is not None:
             sch.transform_layout(block, ("write", 0), layout)
         copy_inside_bounds(sch, block, loop, reduction_axis)

@@ -112,7 +112,9 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
         fetch_into_local(sch, "y_pad", columns, 3, lambda q, g, c, d: (q, g, d, c))
     else:
         fetch_into_local(sch, "y_pad", columns, 2)
-    fetch_into_local(sch, "x_pad", i_outer, 3)
+    # x is read one element at a time (broadcast), so its tile needs no vector alignment: on the stack,
+    # it saves each task a workspace allocation (and LoopPartition's copies of it) per partition
+    fetch_into_local(sch, "x_pad", i_outer, 3, scope="global")
     accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), j_inner, i_inner, middle[0],
                        kernel.task_n == 1)
     return sch.mod
