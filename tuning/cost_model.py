@@ -22,22 +22,22 @@ from tf_dietcode.tuning.workload import Workload
 OCCUPANCY_GRID = np.linspace(0.0, 1.0, 21)
 
 
-def task_count(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
-    """Parallel tasks of one call."""
+def task_count(workload: Workload, kernel: MicroKernel, dims: dict) -> int:
+    """Parallel tasks of one call (dims: sizes, or arrays of sizes for many shapes at once)."""
     return templates.for_workload(workload).task_count(workload, kernel, dims)
 
 
-def f_occ(tasks: int, cores: int, k: float) -> float:
-    """k * tasks / ceil_by(tasks, cores) + (1 - k): 1 when the last wave fills every core."""
-    if tasks == 0:
-        return 1.0
-    return k * tasks / (math.ceil(tasks / cores) * cores) + (1.0 - k)
+def f_occ(tasks, cores: int, k: float):
+    """k * tasks / ceil_by(tasks, cores) + (1 - k): 1 when the last wave fills every core
+    (no tasks: 1). Elementwise over an array of task counts."""
+    waves = -(-np.asarray(tasks) // cores) * cores
+    return np.where(waves == 0, 1.0, k * np.asarray(tasks) / np.maximum(waves, 1) + (1.0 - k))
 
 
-def f_pad(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> float:
-    """Useful fraction of the computed (padded) output."""
-    computed = templates.for_workload(workload).computed_elements(workload, kernel, dims)
-    return dims["b"] * dims["m"] * dims["n"] / computed if computed else 1.0
+def f_pad(workload: Workload, kernel: MicroKernel, dims: dict):
+    """Useful fraction of the computed (padded) output (nothing computed: 1). Elementwise over arrays of dims."""
+    computed = np.asarray(templates.for_workload(workload).computed_elements(workload, kernel, dims))
+    return np.where(computed == 0, 1.0, dims["b"] * dims["m"] * dims["n"] / np.maximum(computed, 1))
 
 
 def accumulator_share(kernel: MicroKernel, hw: Hardware) -> float:
@@ -97,9 +97,9 @@ class CostModel:
 
     def shape_factors(self, kernels: list[MicroKernel], shapes: list[tuple[int, ...]]) -> np.ndarray:
         """f_occ * f_pad of each kernel (rows) at each shape (columns)."""
-        every_dims = [self.workload.dims_at(shape) for shape in shapes]  # once per shape, not per kernel
-        return np.array([[_shape_factor(self.workload, kernel, dims, self.hw.cores, self.k) for dims in every_dims]
-                         for kernel in kernels]).reshape(len(kernels), len(shapes))
+        dims = self.workload.dims_over(shapes)  # arrays: one numpy expression per kernel covers every shape
+        return np.array([np.broadcast_to(_shape_factor(self.workload, kernel, dims, self.hw.cores, self.k),
+                                         len(shapes)) for kernel in kernels]).reshape(len(kernels), len(shapes))
 
     def predict(self, kernels: list[MicroKernel], shapes: list[tuple[int, ...]]) -> np.ndarray:
         """GFLOP/s of each kernel (rows) at each shape (columns)."""
@@ -107,10 +107,10 @@ class CostModel:
 
 
 def shape_factor(workload: Workload, kernel: MicroKernel, shape: tuple[int, ...], cores: int, k: float) -> float:
-    return _shape_factor(workload, kernel, workload.dims_at(shape), cores, k)
+    return float(_shape_factor(workload, kernel, workload.dims_at(shape), cores, k))
 
 
-def _shape_factor(workload: Workload, kernel: MicroKernel, dims: dict[str, int], cores: int, k: float) -> float:
+def _shape_factor(workload: Workload, kernel: MicroKernel, dims: dict, cores: int, k: float):
     return f_occ(task_count(workload, kernel, dims), cores, k) * f_pad(workload, kernel, dims)
 
 

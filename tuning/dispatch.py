@@ -69,13 +69,16 @@ def build_dispatch(result: SearchResult) -> Dispatch:
     measured = sorted({r.kernel for r in result.measurements if r.seconds})
     if not measured:
         raise RuntimeError(f"no micro-kernel of {workload.key()} ran successfully")
-    shapes = [s for s in workload.all_shapes() if workload.flops(workload.dims_at(s)) > 0]
+    every_shape = workload.all_shapes()
+    every_flops = workload.flops(workload.dims_over(every_shape))
+    shapes = [shape for shape, flops in zip(every_shape, every_flops) if flops > 0]
+    dims = workload.dims_over(shapes)
     layouts: dict[tuple, list[MicroKernel]] = {}
     for kernel in measured:
         layouts.setdefault(tuple(dense.weight_layout(workload, kernel).items()), []).append(kernel)
 
     by_kernel = dict(zip(measured, calibrated_gflops(result.measurements, model, measured, shapes)))
-    flops = np.array([workload.flops(workload.dims_at(s)) for s in shapes])
+    flops = workload.flops(dims)
 
     def votes(kernels):
         gflops = np.array([by_kernel[k] for k in kernels])
@@ -86,7 +89,7 @@ def build_dispatch(result: SearchResult) -> Dispatch:
     _, best, gflops = votes(kernels)
     used = sorted({int(b) for b in best})
     labels = np.array([used.index(int(b)) for b in best])  # positions in the used kernels
-    features = np.array([[workload.dims_at(s)[d] for d in workload.dynamic_dims] or [0] for s in shapes])
+    features = np.stack([dims[d] for d in workload.dynamic_dims] or [np.zeros(len(shapes))], axis=1)
     tree = DecisionTreeClassifier(max_leaf_nodes=MAX_LEAVES, random_state=0).fit(features, labels)
     return Dispatch(workload, [kernels[i] for i in used], tree,
                     {s: float(g) for s, g in zip(shapes, gflops)})

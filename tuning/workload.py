@@ -19,8 +19,11 @@ serialises to a stable JSON key for the tuning database and kernel bundles.
 """
 
 import dataclasses
+import functools
 import itertools
 import json
+
+import numpy as np
 
 KINDS = ("dense", "batch_matmul")
 DIMS = ("b", "m", "n", "k")
@@ -95,16 +98,31 @@ class Workload:
 
     def variables(self) -> list[tuple[tuple[str, ...], DimRange]]:
         """Independent shape variables: each a group of dims sharing one size, with its range."""
+        return list(self._variables)
+
+    @functools.cached_property
+    def _variables(self) -> tuple[tuple[tuple[str, ...], DimRange], ...]:
+        """Worked out once: dispatch sizes every shape of a range (hundreds of thousands of dims_at)."""
         groups = [(self.ties, DimRange(max(getattr(self, d).lo for d in self.ties),
                                        min(getattr(self, d).hi for d in self.ties)))] if self.ties else []
         groups += [((d,), getattr(self, d)) for d in self.dynamic_dims if d not in self.ties]
-        return groups
+        return tuple(groups)
 
     def dims_at(self, values: tuple[int, ...]) -> dict[str, int]:
         """Every dim's size when the shape variables take `values`."""
         dims = {d: getattr(self, d).lo for d in DIMS}
-        for (names, _), value in zip(self.variables(), values):
-            dims.update(dict.fromkeys(names, value))
+        for (names, _), value in zip(self._variables, values):
+            for name in names:
+                dims[name] = value
+        return dims
+
+    def dims_over(self, shapes: list[tuple[int, ...]]) -> dict[str, np.ndarray]:
+        """dims_at of many shapes at once: each dim's sizes as an array, one entry per shape."""
+        values = np.array(shapes, dtype=np.int64).reshape(len(shapes), len(self._variables))
+        dims = {d: np.full(len(shapes), getattr(self, d).lo, np.int64) for d in DIMS}
+        for column, (names, _) in enumerate(self._variables):
+            for name in names:
+                dims[name] = values[:, column]
         return dims
 
     def all_shapes(self, limit: int = 20000) -> list[tuple[int, ...]]:
@@ -119,7 +137,7 @@ class Workload:
     def contains(self, dims: dict[str, int]) -> bool:
         return all(getattr(self, d).lo <= dims[d] <= getattr(self, d).hi for d in DIMS)
 
-    def flops(self, dims: dict[str, int]) -> float:
+    def flops(self, dims: dict) -> float:  # dims: sizes, or arrays of sizes (dims_over)
         return 2.0 * dims["b"] * dims["m"] * dims["n"] * dims["k"]
 
     def describe(self) -> str:

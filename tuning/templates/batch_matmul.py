@@ -19,7 +19,6 @@ fetches (copies that stop at M, N, K) and the write-back (scale, addend,
 bound) carry them.
 """
 
-import math
 
 import numpy as np
 import tvm
@@ -149,12 +148,12 @@ def reference_output(operands: dict, workload: Workload) -> np.ndarray:
     return product + operands["addend"] if workload.bias else product
 
 
-def task_count(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
-    """Parallel tasks: batches (whole_batch), else batches times column tasks."""
-    return dims["b"] * (1 if kernel.whole_batch else math.ceil(dims["n"] / (kernel.tile_n * kernel.task_n)))
+def task_count(workload: Workload, kernel: MicroKernel, dims: dict) -> int:
+    """Parallel tasks: batches (whole_batch), else batches times column tasks (dims: ints or arrays)."""
+    return dims["b"] * (1 if kernel.whole_batch else -(-dims["n"] // (kernel.tile_n * kernel.task_n)))
 
 
-def computed_elements(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
+def computed_elements(workload: Workload, kernel: MicroKernel, dims: dict) -> int:
     """Output elements computed including padding (rows to tile_m, columns to whole tasks)."""
     columns = kernel.tile_n * kernel.task_n
-    return dims["b"] * math.ceil(dims["m"] / kernel.tile_m) * kernel.tile_m * math.ceil(dims["n"] / columns) * columns
+    return dims["b"] * -(-dims["m"] // kernel.tile_m) * kernel.tile_m * -(-dims["n"] // columns) * columns

@@ -14,7 +14,6 @@ tile with no checks, and writes back the valid part with bias and activation
 fused (the only bound check on output).
 """
 
-import math
 
 import numpy as np
 import tvm
@@ -165,14 +164,14 @@ def task_rows(kernel: MicroKernel) -> int:
     return kernel.tile_m * max(kernel.task_m, 1)
 
 
-def task_count(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
+def task_count(workload: Workload, kernel: MicroKernel, dims: dict) -> int:
     """Parallel tasks of one call: row tasks (task_m row tiles each; one when tasks split
-    columns only) times column tasks."""
-    row_tasks = math.ceil(dims["m"] / task_rows(kernel)) if kernel.task_m else 1
+    columns only) times column tasks (dims: ints or arrays)."""
+    row_tasks = -(-dims["m"] // task_rows(kernel)) if kernel.task_m else 1
     return row_tasks * (weight_blocks(workload, kernel) // kernel.task_n)
 
 
-def computed_elements(workload: Workload, kernel: MicroKernel, dims: dict[str, int]) -> int:
+def computed_elements(workload: Workload, kernel: MicroKernel, dims: dict) -> int:
     """Output elements computed including padding (rows to whole row tasks, columns to the packed blocks)."""
     rows = task_rows(kernel)
-    return math.ceil(dims["m"] / rows) * rows * weight_blocks(workload, kernel) * kernel.tile_n
+    return -(-dims["m"] // rows) * rows * weight_blocks(workload, kernel) * kernel.tile_n
