@@ -40,7 +40,7 @@ class FormulaRunner:
     def __init__(self):
         self.measured = []
 
-    def run(self, workload, kernels, ms, seed=0):
+    def run(self, workload, kernels, ms, seed=0, best=None):
         self.measured.extend(kernels)
         return [Measurement(k, s, synthetic_seconds(k, s, workload=workload)) for k in kernels for s in ms]
 
@@ -230,6 +230,34 @@ def test_cold_timing_spends_its_runs_where_runs_are_short():
     assert measure.cold_repeats(5, 0.0) == measure.COLD_REPEATS
     assert measure.cold_repeats(3, 0.2) == 3 and measure.cold_repeats(7, 0.2) == 7
     assert 3 < measure.cold_repeats(3, measure.COLD_SECONDS / 10) <= 10
+
+
+class ProbedModule:
+    """A module whose every timing reads `seconds` per run; records each timer's repeat count."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.timers = seconds, []
+
+    def __getitem__(self, name):
+        return lambda *arguments: None
+
+    def time_evaluator(self, name, device, number=1, repeat=1, min_repeat_ms=0, f_preproc=""):
+        self.timers.append(repeat)
+        return lambda *arguments: type("Result", (), {"results": [self.seconds] * repeat})
+
+
+@pytest.mark.parametrize("workload", [WORKLOAD, Workload("dense", (1, 100), 64, 32, cold_weight=True)],
+                         ids=["warm", "cold"])
+def test_a_kernel_clearly_slower_than_the_best_is_probed_not_timed_in_full(rng, workload):
+    """At a shape where the best time so far is under half a probe's, the probe is the record;
+    elsewhere (no best yet, or a close one) the kernel is timed in full after its probe."""
+    kernel = MicroKernel(2, 8, 32, 1, True)
+    module = ProbedModule(0.010)
+    records = measure.measure_module(module, tvm.cpu(), workload, kernel, [(9,), (50,), (77,)], rng,
+                                     best={(9,): 0.004, (50,): 0.006})
+    assert [r.seconds for r in records] == [0.010] * 3
+    full = measure.cold_repeats(5, 0.0) if workload.cold_weight else 5  # the fake runs take no time
+    assert module.timers == [1, 1, full, full]  # (9,): probe only; (50,): probe, then in full; (77,): in full
 
 
 def test_runner_records_timeouts_instead_of_failing():

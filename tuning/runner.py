@@ -1,6 +1,8 @@
 """Runners measure micro-kernels on real hardware; the search only sees records.
 
-Both have one method, run(workload, kernels, shapes, seed) -> [Measurement].
+Both have one method, run(workload, kernels, shapes, seed, best) -> [Measurement]
+(best: the fastest time measured so far at each shape, so that clearly slower
+kernels are not timed in full; see measure.measure_module).
 LocalRunner measures in a child process (tuning/runner_worker.py) so that a
 candidate that hangs or crashes costs one timeout and is recorded as failed,
 never the tuning run; the child gets the machine's cores through TVM's thread
@@ -40,12 +42,12 @@ class LocalRunner:
     _finalizer: weakref.finalize | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def run(self, workload: Workload, kernels: list[MicroKernel], shapes: list[tuple[int, ...]],
-            seed: int = 0) -> list[Measurement]:
+            seed: int = 0, best: dict[tuple[int, ...], float] | None = None) -> list[Measurement]:
         """Measures every kernel at every shape; failures and timeouts come back as records."""
         results: list[Measurement] = []
         remaining = list(kernels)
         while remaining:
-            done = self._run_worker(workload, remaining, shapes, seed, results)
+            done = self._run_worker(workload, remaining, shapes, seed, best or {}, results)
             remaining = remaining[done:]
             if remaining:  # the kernel being measured hung or killed the worker
                 measured = {r.shape for r in results if r.kernel == remaining[0]}
@@ -54,12 +56,12 @@ class LocalRunner:
                 remaining = remaining[1:]
         return results
 
-    def _run_worker(self, workload, kernels, shapes, seed, results) -> int:
+    def _run_worker(self, workload, kernels, shapes, seed, best, results) -> int:
         """Sends one job to the worker; returns how many of its kernels finished (all, unless
         one hung or killed the worker, which is then stopped)."""
         job = {"workload": workload.key(), "kernels": [dataclasses.asdict(k) for k in kernels],
                "shapes": [list(s) for s in shapes], "seed": seed, "repeats": self.repeats,
-               "min_repeat_ms": self.min_repeat_ms}
+               "min_repeat_ms": self.min_repeat_ms, "best": [[list(s), t] for s, t in best.items()]}
         worker = self._started_worker()
         finished = 0
         try:
@@ -141,7 +143,7 @@ class RPCRunner:
     session_timeout_s: int = 600
 
     def run(self, workload: Workload, kernels: list[MicroKernel], shapes: list[tuple[int, ...]],
-            seed: int = 0) -> list[Measurement]:
+            seed: int = 0, best: dict[tuple[int, ...], float] | None = None) -> list[Measurement]:
         session = rpc.connect_tracker(self.tracker_host, self.tracker_port).request(
             self.key, session_timeout=self.session_timeout_s)
         rng = np.random.default_rng(seed)
@@ -154,7 +156,7 @@ class RPCRunner:
                     session.upload(library)
                     module = session.load_module(f"kernel{index}.so")
                     results.extend(measure.measure_module(module, session.cpu(), workload, kernel, shapes, rng,
-                                                          self.repeats, self.min_repeat_ms))
+                                                          self.repeats, self.min_repeat_ms, best))
                 except Exception as error:  # noqa: BLE001 - a failed candidate is data
                     results.extend(Measurement(kernel, tuple(s), None, f"{type(error).__name__}: {error}")
                                    for s in shapes)

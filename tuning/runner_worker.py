@@ -29,8 +29,8 @@ def run_job(job: dict) -> None:
         try:
             executable = measure.compile_kernel(workload, kernel, hw)
             shapes = [tuple(shape) for shape in job["shapes"]]
-            records = measure.measure(executable, workload, kernel, shapes, rng,
-                                      job["repeats"], job["min_repeat_ms"])
+            records = measure.measure(executable, workload, kernel, shapes, rng, job["repeats"], job["min_repeat_ms"],
+                                      {tuple(shape): seconds for shape, seconds in job["best"]})
         except Exception as error:  # noqa: BLE001 - a kernel that fails to build is a record
             records = [measure.Measurement(kernel, tuple(shape), None, f"{type(error).__name__}: {error}")
                        for shape in job["shapes"]]

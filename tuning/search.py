@@ -107,13 +107,22 @@ def search(workload: Workload, hw: Hardware, runner, options: SearchOptions = Se
             batch_size = min(options.batch, trials - len(measured))
             batch = _next_batch(model, measurements, space_list, space_set, values, measured, shapes,
                                 batch_size, options, rng, seeds)
-            results = runner.run(workload, batch, shapes, seed=options.seed)
+            results = runner.run(workload, batch, shapes, seed=options.seed, best=_fastest(measurements))
             database.add(workload, hw.mcpu, results)
             measurements.extend(results)
             measured.update(batch)
             model.fit(measurements)
             bar.update(len(batch))
     return SearchResult(workload, shapes, measurements, model)
+
+
+def _fastest(measurements: list[Measurement]) -> dict[tuple[int, ...], float]:
+    """The fastest successful time at each shape."""
+    fastest: dict[tuple[int, ...], float] = {}
+    for record in measurements:
+        if record.seconds:
+            fastest[record.shape] = min(record.seconds, fastest.get(record.shape, record.seconds))
+    return fastest
 
 
 def _spread(kernels: list[MicroKernel], hw: Hardware, size: int, rng: random.Random) -> list[MicroKernel]:
