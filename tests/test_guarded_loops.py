@@ -14,7 +14,7 @@ from tf_dietcode.tuning.workload import Workload
 
 
 @T.prim_func
-def guarded(a: T.handle, n: T.int64, c: T.int64):
+def guarded(a: T.handle, n: T.int64, c: T.int64, d: T.int64):
     A = T.match_buffer(a, (T.int64(64),), "int32")
     for i in range(T.int64(32)):  # upper bound (c + i < n) and a term free of i, hoisted
         if T.likely(c + i < n) and c >= T.int64(0):
@@ -32,6 +32,9 @@ def guarded(a: T.handle, n: T.int64, c: T.int64):
     for i in range(T.int64(32)):  # a term not monotone in i stays, inside the shortened loop
         if i % T.int64(3) == T.int64(0) and i < n:
             A[i] = A[i] + 16
+    for i in range(T.int64(32)):  # a bound that divides by a variable is left alone (d may be 0 where no loop runs)
+        if i < n // d:
+            A[i] = A[i] + 128
     for i in range(T.int64(32)):  # a guard with an else is left alone
         if i < n:
             A[i] = A[i] + 32
@@ -70,8 +73,8 @@ def loops_checking_their_variable(stmt) -> list:
 
 def test_guards_become_loop_bounds():
     shrunk = guarded_loops.shrink_guarded_loops(guarded.body)
-    assert branches(guarded.body) == 6
-    assert branches(shrunk) == 3  # the hoisted c >= 0, the i % 3 term, the guard with an else
+    assert branches(guarded.body) == 7
+    assert branches(shrunk) == 4  # the hoisted c >= 0, the i % 3 term, the division, the guard with an else
 
 
 def test_shrunk_loops_compute_what_the_guarded_ones_did():
@@ -83,7 +86,7 @@ def test_shrunk_loops_compute_what_the_guarded_ones_did():
             outputs = []
             for executable in (reference, shrunk):
                 out = tvm.runtime.tensor(np.zeros(64, np.int32))
-                executable["main"](out, n, c)
+                executable["main"](out, n, c, 3)
                 outputs.append(out.numpy())
             np.testing.assert_array_equal(outputs[1], outputs[0], err_msg=f"n={n} c={c}")
             assert outputs[0].any() or n < 0, (n, c)  # the guards let something through

@@ -10,7 +10,8 @@ matmul runs most of its work there at small T (all of it below 32 columns).
 A check of this form is monotone in the loop variable, so the iterations that
 pass it are a prefix (or, for `b <= i`, a suffix) of the loop, and the loop
 can run just those. Checks free of the loop variable move out of the loop;
-any other check stays where it was. With batch matmul's x tile on the stack
+any other check stays where it was, and so does any check that divides by a
+non-constant (moved out, it would be evaluated for a loop that never runs). With batch matmul's x tile on the stack
 (templates 13), symbolic kernels ran 1.02-1.32x as fast as before at T = 1..128
 (NT [192,T,64]x[192,T,64]^T, NN [192,T,T]x[192,T,64]; dense within 1%; Zen 1
 VM, interleaved).
@@ -69,6 +70,27 @@ def _terms(condition) -> list:
     return [condition]
 
 
+_DIVISIONS = (tirx.FloorDiv, tirx.FloorMod, tirx.Div, tirx.Mod)
+
+
+def _safe_anywhere(expr) -> bool:
+    """Whether expr can be evaluated whatever its variables hold: no division by a non-constant
+    (unknown kinds of node count as unsafe)."""
+    if isinstance(expr, (tirx.Var, tirx.IntImm, tirx.FloatImm)):
+        return True
+    if isinstance(expr, _DIVISIONS) and not isinstance(expr.b, tirx.IntImm):
+        return False
+    if hasattr(expr, "a") and hasattr(expr, "b"):  # binary operators and comparisons
+        return _safe_anywhere(expr.a) and _safe_anywhere(expr.b)
+    if isinstance(expr, tirx.Not):
+        return _safe_anywhere(expr.a)
+    if isinstance(expr, tirx.Cast):
+        return _safe_anywhere(expr.value)
+    if isinstance(expr, tvm.ir.Call) and expr.op.same_as(_LIKELY):
+        return _safe_anywhere(expr.args[0])
+    return False
+
+
 def _uses(expr, variables) -> bool:
     return any(used.same_as(var) for used in tvm.tirx.analysis.undefined_vars(expr, []) for var in variables)
 
@@ -104,7 +126,10 @@ def _shrink(loop: tir_stmt.For) -> tir_stmt.Stmt:
     hoisted, kept = [], []
     for term in _terms(branch.condition):
         expanded = analyzer.simplify(term)
-        bound = None if _uses(expanded, inner) else _bound(expanded, var) if _uses(expanded, [var]) else ("", expanded)
+        if _uses(expanded, inner) or not _safe_anywhere(expanded):
+            bound = None
+        else:
+            bound = _bound(expanded, var) if _uses(expanded, [var]) else ("", expanded)
         if bound is None:
             kept.append(term)
         elif bound[0] == "upper":
