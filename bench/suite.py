@@ -8,7 +8,7 @@ are not shortened by an earlier run's database):
 peak, kernel_peers, tuned_kernels, tuning_cost (which reads tuned_kernels'
 DietCode and largest-shape runs), bert_base. --quick gives each part its quick
 mode (a few T, the quick tuning budget): 16.4-18.5 minutes on the Zen 1
-VM of sessions 21-22; the full run takes about 1.5 hours.
+VM of sessions 21-23; the full run takes about 1.5 hours.
 Then copies every CSV and plot into <docs>/results/suite/ and writes
 <docs>/BENCHMARKS.md from those CSVs alone.
 """
