@@ -30,8 +30,9 @@ def task_count(workload: Workload, kernel: MicroKernel, dims: dict) -> int:
 def f_occ(tasks, cores: int, k: float):
     """k * tasks / ceil_by(tasks, cores) + (1 - k): 1 when the last wave fills every core
     (no tasks: 1). Elementwise over an array of task counts."""
-    waves = -(-np.asarray(tasks) // cores) * cores
-    return np.where(waves == 0, 1.0, k * np.asarray(tasks) / np.maximum(waves, 1) + (1.0 - k))
+    tasks = np.asarray(tasks)
+    waves = -(-tasks // cores) * cores
+    return np.where(waves == 0, 1.0, k * tasks / np.maximum(waves, 1) + (1.0 - k))
 
 
 def f_pad(workload: Workload, kernel: MicroKernel, dims: dict):
@@ -98,8 +99,8 @@ class CostModel:
     def shape_factors(self, kernels: list[MicroKernel], shapes: list[tuple[int, ...]]) -> np.ndarray:
         """f_occ * f_pad of each kernel (rows) at each shape (columns)."""
         dims = self.workload.dims_over(shapes)  # arrays: one numpy expression per kernel covers every shape
-        return np.array([np.broadcast_to(_shape_factor(self.workload, kernel, dims, self.hw.cores, self.k),
-                                         len(shapes)) for kernel in kernels]).reshape(len(kernels), len(shapes))
+        return np.array([_shape_factor(self.workload, kernel, dims, self.hw.cores, self.k)
+                         for kernel in kernels]).reshape(len(kernels), len(shapes))
 
     def predict(self, kernels: list[MicroKernel], shapes: list[tuple[int, ...]]) -> np.ndarray:
         """GFLOP/s of each kernel (rows) at each shape (columns)."""

@@ -70,9 +70,10 @@ def build_dispatch(result: SearchResult) -> Dispatch:
     if not measured:
         raise RuntimeError(f"no micro-kernel of {workload.key()} ran successfully")
     every_shape = workload.all_shapes()
-    every_flops = workload.flops(workload.dims_over(every_shape))
-    shapes = [shape for shape, flops in zip(every_shape, every_flops) if flops > 0]
-    dims = workload.dims_over(shapes)
+    every_dims = workload.dims_over(every_shape)
+    keep = workload.flops(every_dims) > 0
+    shapes = [shape for shape, kept in zip(every_shape, keep) if kept]
+    dims = {d: sizes[keep] for d, sizes in every_dims.items()}
     layouts: dict[tuple, list[MicroKernel]] = {}
     for kernel in measured:
         layouts.setdefault(tuple(dense.weight_layout(workload, kernel).items()), []).append(kernel)
