@@ -10,6 +10,7 @@ import platform
 from collections import defaultdict
 
 from bench.report import geomean, read, speedups
+from tf_dietcode.tuning import hardware
 
 PACKAGES = ("tensorflow", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "tf2onnx", "xgboost", "scikit-learn",
             "numpy")
@@ -37,7 +38,7 @@ METHOD = """\
   interleaved call by call, median; outputs checked against TF at every cell.
 - Dense kernels' peers get the weight stored [K, N], as Keras' Dense stores it; the workload names
   keep the paper's `x[N,K]^T` notation. With the weight [N, K] and transpose_b, TF's MatMul ran
-  1.15-11x slower on this Zen 1 VM (11x at M = 1), which would flatter every kernel compared with it.
+  1.15-11x slower on the Zen 1 VM of earlier sessions (11x at M = 1), which would flatter every kernel compared with it.
 - Speed-ups are ratios to TF measured in the same run; geometric means are over the T listed."""
 
 
@@ -63,8 +64,10 @@ def machine() -> str:
     simd = [f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     versions = ", ".join(f"{p} {_version(p)}" for p in PACKAGES)
-    return (f"- CPU: {cpu}; SIMD flags: {', '.join(simd) or 'none'}; {len(os.sched_getaffinity(0))} cores "
-            f"usable; {memory:.0f} GiB memory; {platform.platform()}\n"
+    limits = hardware.detect()  # a model name like "AMD EPYC" does not say which generation
+    return (f"- CPU: {cpu} (LLVM's name: {limits.mcpu}); L2 {limits.l2_bytes >> 10} KiB per core, "
+            f"L3 {limits.l3_bytes >> 20} MiB; SIMD flags: {', '.join(simd) or 'none'}; "
+            f"{len(os.sched_getaffinity(0))} cores usable; {memory:.0f} GiB memory; {platform.platform()}\n"
             f"- Python {platform.python_version()}; {versions}")
 
 

@@ -7,8 +7,9 @@ once on this 2-core machine), from a fresh output directory (so tuning times
 are not shortened by an earlier run's database):
 peak, kernel_peers, tuned_kernels, tuning_cost (which reads tuned_kernels'
 DietCode and largest-shape runs), bert_base. --quick gives each part its quick
-mode (a few T, the quick tuning budget): 16.4-18.5 minutes on the Zen 1
-VM of sessions 21-23; the full run takes about 1.5 hours.
+mode (a few T, the quick tuning budget): 11.2 minutes on the Zen 3 VM of
+session 24, 16.4-18.5 on the Zen 1 VM of sessions 21-23; the full run takes
+about 1.5 hours.
 Then copies every CSV and plot into <docs>/results/suite/ and writes
 <docs>/BENCHMARKS.md from those CSVs alone.
 """
@@ -34,7 +35,7 @@ def command(part: str, has_quick: bool, inputs: dict[str, str], quick: bool, out
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="every part's quick mode (16-19 minutes)")
+    parser.add_argument("--quick", action="store_true", help="every part's quick mode (11-19 minutes)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/suite"))
     parser.add_argument("--docs", type=pathlib.Path, default=pathlib.Path("docs"))
     args = parser.parse_args(argv)
