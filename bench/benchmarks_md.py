@@ -147,7 +147,8 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
     dietcode_seconds = next(iter(methods["dietcode"].values()))["tuning_seconds"]
     largest_seconds = next(iter(methods["largest_shape"].values()))["tuning_seconds"]
     parts.append(
-        f"## Tuning cost\n\nFrom {link('tuning_cost.csv')} (`{cost[0]['workload']}`): DietCode tunes once for "
+        f"## Tuning cost\n\nFrom {link('tuning_cost.csv')} (`{cost[0]['workload']}`, plot "
+        f"{link('tuning_cost.png')}): DietCode tunes once for "
         f"all of T in [1, 128] in {dietcode_seconds:.0f} s; per-shape MetaSchedule took {per_shape_seconds:.0f} s "
         f"for {len(per_shape)} shape(s), {per_shape_seconds / len(per_shape) * 128 / 3600:.1f} h projected to "
         f"all 128 lengths; the largest-shape baseline {largest_seconds:.0f} s.\n\n"

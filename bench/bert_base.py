@@ -140,7 +140,7 @@ def main(argv=None):
                         if r["peer"] == peer and r["workload"].endswith(f"batch{batch}")]
             print(f"  {peer:>22s} {report.geomean(speedups):.2f}x ({min(speedups):.2f}x)")
     report.write_csv(rows, args.out / "bert_base.csv")
-    report.speedup_by_t(rows, args.out / "bert_base.png", title="BERT-base encoder, one call per inference")
+    report.plot_by_t(rows, args.out / "bert_base.png", title="BERT-base encoder, one call per inference")
     print(f"wrote {args.out / 'bert_base.csv'} and {args.out / 'bert_base.png'}")
 
 

@@ -65,7 +65,7 @@ def main(argv=None):
     print(f"geometric-mean speed-up {report.geomean(speedups):.2f}x "
           f"(worst {min(speedups):.2f}x); outputs agree at every T")
     report.write_csv(rows, args.out / "demo.csv")
-    report.speedup_by_t(rows, args.out / "demo.png", title=f"optimize() on a {model.layers}-layer encoder, batch 1")
+    report.plot_by_t(rows, args.out / "demo.png", title=f"optimize() on a {model.layers}-layer encoder, batch 1")
     print(f"wrote {args.out / 'demo.csv'} and {args.out / 'demo.png'}")
 
 

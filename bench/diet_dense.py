@@ -59,12 +59,12 @@ def main(argv=None):
             base = float(np.median(seconds["tensorflow"]))
             for peer in layers:
                 median = float(np.median(seconds[peer]))
-                rows.append({"workload": name, "T": t, "peer": peer, "seconds": median,
+                rows.append({"workload": name, "T": t, "peer": peer, "ms": median * 1e3,
                              "gflops": 2 * batch * t * K * units / median / 1e9,
                              "speedup_vs_tensorflow": base / median})
             print(f"  T={t:4d}: DietDense {base / float(np.median(seconds['dietcode'])):.2f}x")
     report.write_csv(rows, args.out / "diet_dense.csv")
-    report.speedup_by_t(rows, args.out / "diet_dense.png", "DietDense vs keras.layers.Dense (same weights)")
+    report.plot_by_t(rows, args.out / "diet_dense.png", "DietDense vs keras.layers.Dense (same weights)")
     for name, _, _ in CASES:
         speedups = [r["speedup_vs_tensorflow"] for r in rows if r["workload"] == name and r["peer"] == "dietcode"]
         print(f"{name}: geometric-mean speed-up {report.geomean(speedups):.2f}x "

@@ -45,25 +45,50 @@ def speedups(rows, peer: str) -> dict[str, list[tuple[int, float]]]:
     return result
 
 
-def speedup_by_t(rows, path: pathlib.Path, title: str) -> None:
-    """One panel per workload: each peer's speed-up over TF against T."""
+def plot_by_t(rows, path: pathlib.Path, title: str) -> None:
+    """Two panels per workload: each peer's latency (ms, log scale) and its speed-up over TF, against T."""
     workloads = sorted({r["workload"] for r in rows})
     columns = min(3, len(workloads))
-    figure, axes = plt.subplots(-(-len(workloads) // columns), columns, squeeze=False,
-                                figsize=(5 * columns, 3.2 * -(-len(workloads) // columns)))
-    for axis, workload in zip(axes.flat, workloads):
+    grid_rows = -(-len(workloads) // columns)
+    figure, axes = plt.subplots(2 * grid_rows, columns, squeeze=False, figsize=(5 * columns, 5.6 * grid_rows))
+    for index, workload in enumerate(workloads):
+        latency, speedup = (axes[2 * (index // columns) + half, index % columns] for half in (0, 1))
         for peer in sorted({r["peer"] for r in rows if r["workload"] == workload}):
-            points = sorted((r["T"], r["speedup_vs_tensorflow"]) for r in rows
+            points = sorted((r["T"], r["ms"], r["speedup_vs_tensorflow"]) for r in rows
                             if r["workload"] == workload and r["peer"] == peer)
-            axis.plot(*zip(*points), marker="o", label=peer)
-        axis.axhline(1.0, color="grey", linewidth=0.8)
-        axis.set_title(workload, fontsize=9)
-        axis.set_xlabel("T")
-        axis.set_ylabel("speed-up vs TF")
-        axis.legend(fontsize=7)
-    for axis in list(axes.flat)[len(workloads):]:
-        axis.remove()
+            ts, ms, ratios = zip(*points)
+            latency.plot(ts, ms, marker="o", label=peer)
+            speedup.plot(ts, ratios, marker="o", label=peer)
+        latency.set_yscale("log")
+        latency.set_title(workload, fontsize=9)
+        latency.set_ylabel("ms per call")
+        latency.legend(fontsize=7)
+        speedup.axhline(1.0, color="grey", linewidth=0.8)
+        speedup.set_xlabel("T")
+        speedup.set_ylabel("speed-up vs TF")
+    for index in range(len(workloads), grid_rows * columns):
+        for half in (0, 1):
+            axes[2 * (index // columns) + half, index % columns].remove()
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def tuning_seconds_bars(seconds: dict[str, float], path: pathlib.Path, title: str) -> None:
+    """One bar per tuning method (log scale, labelled), for a cost that spans seconds to hours."""
+    figure, axis = plt.subplots(figsize=(7, 3.6))
+    bars = axis.bar(list(seconds), list(seconds.values()), color=[f"C{i}" for i in range(len(seconds))])
+    axis.bar_label(bars, labels=[_duration(v) for v in seconds.values()], fontsize=8)
+    axis.set_yscale("log")
+    axis.set_ylabel("tuning wall time (s)")
+    axis.tick_params(axis="x", labelsize=7)
+    axis.set_title(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min" if seconds >= 120 \
+        else f"{seconds:.0f} s"

@@ -10,7 +10,8 @@ and kernel times (its tvm_seconds, which times MetaSchedule's kernels here), so
 they are read, not run a second time. DietCode measures each of its `trials` micro-kernels at every sample
 shape, so MetaSchedule gets `trials` trials per shape, timed here. Shapes: T in
 {5,24,43,62,81,100,119,128} (T=62 with --quick). Writes tuning_cost.csv: per
-method and T the kernel time and the method's tuning wall time. MetaSchedule
+method and T the kernel time and the method's tuning wall time, and tuning_cost.png
+(wall time per method, MetaSchedule's projected to every T). MetaSchedule
 parses only this CPU's tensor intrinsics, in the tuning process and in its
 builder workers (baselines.register_cpu_tensor_intrinsics): a TVMScript parsing
 cost of TVM's import, not of its search.
@@ -86,17 +87,23 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     report.write_csv(rows, args.out / "tuning_cost.csv")
     ms_total = sum(r["tuning_seconds"] for r in rows if r["method"] == "metaschedule_per_shape")
+    projected = ms_total / len(sampled_t) * 128
+    report.tuning_seconds_bars({"DietCode\n(T in [1, 128])": dietcode_seconds,
+                                "largest shape\n(T = 128, used for all)": largest_seconds,
+                                f"MetaSchedule\n({len(sampled_t)} shape(s) timed)": ms_total,
+                                "MetaSchedule\n(projected to 128 T)": projected},
+                               args.out / "tuning_cost.png", f"Tuning wall time, {name}, {trials} trials per shape")
     print(f"\n{name}, {trials} trials per shape, T in {sampled_t}")
     print(f"tuning wall time: DietCode {dietcode_seconds:.0f} s for all of T in [1,128]; "
           f"MetaSchedule {ms_total:.0f} s for these {len(sampled_t)} shapes "
           f"(DietCode/MetaSchedule = {dietcode_seconds / ms_total:.2f}; projected to all 128 T: "
-          f"{ms_total / len(sampled_t) * 128 / 3600:.1f} h); largest-shape {largest_seconds:.0f} s")
+          f"{projected / 3600:.1f} h); largest-shape {largest_seconds:.0f} s")
     print(f"{'T':>4s} {'DietCode ms':>12s} {'MetaSchedule ms':>16s} {'largest-shape ms':>17s} {'DietCode vs MS':>15s}")
     for t in sampled_t:
         ms_of = {r["method"]: r["ms"] for r in rows if r["T"] == t}
         print(f"{t:4d} {ms_of['dietcode']:12.3f} {ms_of['metaschedule_per_shape']:16.3f} "
               f"{ms_of['largest_shape']:17.3f} {ms_of['metaschedule_per_shape'] / ms_of['dietcode']:14.2f}x")
-    print(f"wrote {args.out / 'tuning_cost.csv'}")
+    print(f"wrote {args.out / 'tuning_cost.csv'} and {args.out / 'tuning_cost.png'}")
 
 
 if __name__ == "__main__":
