@@ -105,7 +105,7 @@ def main(argv=None):
                                       "tensorflow_onednn_off": seconds})[1:]
     report.write_csv(rows, args.out / "kernel_peers.csv")
     report.plot_by_t([r for r in rows if r["peer"] != "xla_first_call"], args.out / "kernel_peers.png",
-                        title=f"Kernels vs peers, speed-up over TF {tf.__version__} (2 threads)")
+                     title=f"Kernels vs peers, latency and speed-up over TF {tf.__version__} (2 threads)")
     print(f"\n{'workload':34s} " + " ".join(f"{p:>22s}" for p in PEERS_PRINTED) + "  (geomean speed-up over TF)")
     by_peer = {peer: report.speedups(rows, peer) for peer in PEERS_PRINTED}
     for workload in WORKLOADS:

@@ -50,9 +50,14 @@ def plot_by_t(rows, path: pathlib.Path, title: str) -> None:
     workloads = sorted({r["workload"] for r in rows})
     columns = min(3, len(workloads))
     grid_rows = -(-len(workloads) // columns)
-    figure, axes = plt.subplots(2 * grid_rows, columns, squeeze=False, figsize=(5 * columns, 5.6 * grid_rows))
+    figure, axes = plt.subplots(2 * grid_rows, columns, squeeze=False, figsize=(5 * columns, 5.6 * grid_rows),
+                                layout="constrained")  # room for the suptitle, which tight_layout overlaps
+
+    def panels(index: int):  # a workload's latency panel and, below it, its speed-up panel
+        return axes[2 * (index // columns), index % columns], axes[2 * (index // columns) + 1, index % columns]
+
     for index, workload in enumerate(workloads):
-        latency, speedup = (axes[2 * (index // columns) + half, index % columns] for half in (0, 1))
+        latency, speedup = panels(index)
         for peer in sorted({r["peer"] for r in rows if r["workload"] == workload}):
             points = sorted((r["T"], r["ms"], r["speedup_vs_tensorflow"]) for r in rows
                             if r["workload"] == workload and r["peer"] == peer)
@@ -67,10 +72,9 @@ def plot_by_t(rows, path: pathlib.Path, title: str) -> None:
         speedup.set_xlabel("T")
         speedup.set_ylabel("speed-up vs TF")
     for index in range(len(workloads), grid_rows * columns):
-        for half in (0, 1):
-            axes[2 * (index // columns) + half, index % columns].remove()
+        for axis in panels(index):
+            axis.remove()
     figure.suptitle(title)
-    figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
 

@@ -174,7 +174,7 @@ def main(argv=None):
     csv_path = args.out / "tuned_kernels.csv"
     report.write_csv(rows, csv_path)
     report.plot_by_t(rows, args.out / "tuned_kernels.png",
-                       title=f"Tuned micro-kernels vs TF {tf.__version__} ({hw.mcpu}, {hw.cores} threads)")
+                     title=f"Tuned micro-kernels vs TF {tf.__version__} ({hw.mcpu}, {hw.cores} threads)")
 
     print(f"\n{'workload':34s} {'T':>4s} {'kernel':>20s} {'TF ms':>8s} {'tuned ms':>9s} {'speed-up':>9s} "
           f"{'sym/static':>10s}")
