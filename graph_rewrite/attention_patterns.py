@@ -144,8 +144,9 @@ def _batch_matmul(index: GraphIndex, node) -> AttentionMatch | None:
     return match
 
 
-def product_dims(match: AttentionMatch, x_shape: list[int], y_shape: list[int]) -> dict[str, int]:
-    """The product's b (all batch matrices), m, n, k for operands of these shapes."""
+def product_dims(match: AttentionMatch, x_shape: list, y_shape: list) -> dict:
+    """The product's b (all batch matrices), m, n, k for operands of these shapes: sizes at a
+    corner of the shape ranges, or symbolic dims (graph_rewrite.symbolic_shapes)."""
     x = [x_shape[p] for p in match.x_perm] if match.x_perm else list(x_shape)
     y = [y_shape[p] for p in match.y_perm] if match.y_perm else list(y_shape)
     m, k = (x[-1], x[-2]) if match.adj_x else (x[-2], x[-1])
@@ -153,8 +154,16 @@ def product_dims(match: AttentionMatch, x_shape: list[int], y_shape: list[int]) 
     try:
         if k != (y[-1] if match.adj_y else y[-2]):
             raise ValueError("contraction dims differ")
-        batch = np.broadcast_shapes(tuple(x[:-2]), tuple(y[:-2]))
+        batch = _broadcast(x[:-2], y[:-2])
     except ValueError as error:
-        raise ValueError(f"{match.core}: operands of shapes {x_shape} and {y_shape} (at a corner of the shape "
-                         f"ranges) cannot be multiplied ({error}); the ranges do not fit the model") from error
+        raise ValueError(f"{match.core}: operands of shapes {x_shape} and {y_shape} "
+                         f"cannot be multiplied ({error}); the ranges do not fit the model") from error
     return {"b": math.prod(batch), "m": m, "n": n, "k": k}
+
+
+def _broadcast(a: list, b: list) -> list:
+    """numpy's broadcasting of two batch shapes, for sizes or symbolic dims alike."""
+    a, b = [1] * (len(b) - len(a)) + a, [1] * (len(a) - len(b)) + b
+    if any(p != 1 and q != 1 and p != q for p, q in zip(a, b)):
+        raise ValueError(f"batch dims {a} and {b} do not broadcast")
+    return [q if p == 1 else p for p, q in zip(a, b)]

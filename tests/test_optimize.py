@@ -43,6 +43,10 @@ def test_every_dense_form_is_found_and_fused(optimized_encoder):
     assert products == {(True, DimRange(2, 4), DimRange(1, 12), DimRange(1, 12), DimRange(16, 16), ("m", "n")),
                         (False, DimRange(2, 4), DimRange(1, 12), DimRange(16, 16), DimRange(1, 12), ("m", "k"))}
     assert "dense (einsum): 8 / 8" in report.summary() and "attention (einsum): 4 / 4" in report.summary()
+    # every dim from the graph's own shapes (graph_rewrite.symbolic_shapes), none by running the model
+    assert sorted(set(report.dims.values())) == ["B = 2*x[0], M = x[1], K = x[1]", "B = 2*x[0], M = x[1], N = x[1]",
+                                                 "M = x[0]", "M = x[0]*x[1]"]
+    assert set(report.dims) == set(report.workloads) and "(M = x[0]*x[1])" in report.summary()
 
 
 FRESH_PROCESS = """
@@ -226,15 +230,17 @@ def test_batch_matmul_attention_forms(tmp_path, rng, name, attention):
 
 def test_signatures_of_one_computation_are_sized_and_rewritten_once(tmp_path, rng, monkeypatch):
     """Keras exports "serve" and "serving_default" as the same graph (but for cosmetic attrs):
-    the model runs at the range corners for one of them only, and one rewritten function
-    serves both, each still counted as fused and matching the original."""
-    from tf_dietcode.graph_rewrite import shape_ranges
+    where the graph's shapes cannot size a layer, the model runs at the range corners for one
+    of them only, and one rewritten function serves both, each still counted as fused and
+    matching the original."""
+    from tf_dietcode.graph_rewrite import shape_ranges, symbolic_shapes
 
     model = keras.Sequential([keras.Input((16,), name="x"), keras.layers.Dense(8)])
     model.export(str(tmp_path / "in"), verbose=False)
     corner_runs = []
     corner_shapes = shape_ranges.corner_shapes
     monkeypatch.setattr(shape_ranges, "corner_shapes", lambda *a: corner_runs.append(a) or corner_shapes(*a))
+    monkeypatch.setattr(symbolic_shapes.SymbolicShapes, "range_of", lambda *a: None)
     converter = tf_dietcode.Converter(tmp_path / "in", shape_ranges={"x": [(1, 9), 16]},
                                       tuning=TINY_TUNING).build()
     assert sorted(g.key for g in converter.graphs) == ["serve", "serving_default"] and len(corner_runs) == 1

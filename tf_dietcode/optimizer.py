@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import hashlib
 import json
+import math
 import pathlib
 import tempfile
 
@@ -21,6 +22,7 @@ from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.graph_rewrite import (attention_patterns, dense_patterns, horizontal_fusion, rewrite, shape_ranges,
                                        signature_graph)
 from tf_dietcode.graph_rewrite.graph_index import GraphIndex
+from tf_dietcode.graph_rewrite.symbolic_shapes import SymbolicShapes
 from tf_dietcode.op_library import load_op_library
 from tf_dietcode.tuning import bundle as kernel_bundle
 from tf_dietcode.tuning import hardware, search
@@ -38,6 +40,7 @@ class Report:
     left_alone: list[dense_patterns.LeftAlone]
     workloads: list[Workload]
     merged: tuple[int, int] = (0, 0)                      # GEMMs merged by horizontal fusion, into how many
+    dims: dict[Workload, str] = dataclasses.field(default_factory=dict)  # its dims as the graph computes them
     output_dir: str | None = None
     warmup_requests: int = 0                              # in assets.extra/, for TF Serving
 
@@ -53,7 +56,7 @@ class Report:
         lines += [f"  left alone: {p.form} {p.node}: {p.reason}" for p in self.left_alone]
         lines.append("horizontal fusion: {} GEMMs sharing an input merged into {}".format(*self.merged))
         lines.append(f"workloads tuned: {len(self.workloads)}")
-        lines += [f"  {w.describe()}" for w in self.workloads]
+        lines += [f"  {w.describe()}" + (f" ({self.dims[w]})" if w in self.dims else "") for w in self.workloads]
         if self.output_dir:
             lines.append(f"written to {self.output_dir}, with {self.warmup_requests} TF Serving warm-up requests "
                          f"in {serving_warmup.WARMUP_FILE}")
@@ -76,21 +79,32 @@ def _dense_workload(layer: horizontal_fusion.DenseGroup, rows: tuple[int, int], 
                     bias=layer.has_bias, activation=layer.activation, cold_weight=cold_weight)
 
 
-def _attention_workload(match: attention_patterns.AttentionMatch, lowest: dict, highest: dict) -> Workload:
-    """The product's workload from its dims at the lowest and highest corner of the shape ranges.
+def _attention_workload(match: attention_patterns.AttentionMatch, ranges: dict, same_size: dict) -> Workload:
+    """The product's workload from the ranges of its dims.
 
-    Dynamic dims with the same range are taken as one shape variable (attention's
-    rows and columns both follow the sequence length), the largest such group.
+    Dynamic dims are one shape variable where `same_size` gives them the same key: their
+    expression when the graph's shapes sized them (attention's rows and columns both follow
+    the sequence length), else their range; the largest such group is tied.
     """
-    ranges = {d: (min(lowest[d], highest[d]), max(lowest[d], highest[d])) for d in lowest}
     groups = collections.defaultdict(list)
     for d, (lo, hi) in ranges.items():
         if lo != hi:
-            groups[(lo, hi)].append(d)
+            groups[same_size[d]].append(d)
     ties = max(groups.values(), key=len, default=[])
     return Workload("batch_matmul", ranges["m"], ranges["n"], ranges["k"], b=ranges["b"],
                     transpose_b=match.adj_y, bias=match.addend is not None,
                     ties=tuple(ties) if len(ties) > 1 else ())
+
+
+def _symbolic_product_dims(match: attention_patterns.AttentionMatch, shapes: SymbolicShapes) -> dict | None:
+    """b, m, n, k of an attention product as expressions of the input dims, or None."""
+    x, y = shapes.shape(match.x), shapes.shape(match.y)
+    if x is None or y is None or None in x or None in y:
+        return None
+    try:
+        return {d: shapes.canonical(e) for d, e in attention_patterns.product_dims(match, x, y).items()}
+    except ValueError:
+        return None
 
 
 class Converter:
@@ -122,11 +136,11 @@ class Converter:
         variables = signature_graph.variables_of(self.loaded)
         self.graphs = [signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys]
         self._computations = {graph.key: _computation(graph) for graph in self.graphs}
-        self.dense_layers, self.attention, self.ranges = {}, {}, {}
+        self.dense_layers, self.attention, self.ranges, self._indexes = {}, {}, {}, {}
         notes, left, found = [], [], collections.Counter()
         for graph in self.graphs:
             captured = {name: variables[id(t)].numpy() for name, t in graph.captures.items() if id(t) in variables}
-            index = GraphIndex(graph.graph_def, captured)
+            index = self._indexes[graph.key] = GraphIndex(graph.graph_def, captured)
             matches, left_alone = dense_patterns.find(index)
             self.dense_layers[graph.key] = horizontal_fusion.group(matches, self.horizontal_fusion)
             left += left_alone
@@ -156,24 +170,10 @@ class Converter:
         for graph in self.graphs:
             dense_layers = self.dense_layers[graph.key]
             products = [a for a in self.attention[graph.key] if not a.adj_x]  # tuned kernels read x as is
-            if not dense_layers and not products:
-                continue
-            tensors = {**{f"dense_{i}": m.x for i, m in enumerate(dense_layers)},
-                       **{f"x_{i}": a.x for i, a in enumerate(products)},
-                       **{f"y_{i}": a.y for i, a in enumerate(products)}}
-            seen = (self._computations[graph.key], repr(tensors), repr(self.ranges[graph.key]))
-            if seen not in corners_seen:
-                operands = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors,
-                                                          tensors, graph.captures, graph.graph_def).function()
-                corners_seen[seen] = shape_ranges.corner_shapes(operands, graph.input_specs, self.ranges[graph.key])
-            corners = corners_seen[seen]
-            for i, layer in enumerate(dense_layers):
-                self._workloads[(graph.key, layer.core)] = _dense_workload(
-                    layer, shape_ranges.row_range(corners[f"dense_{i}"], layer.k), cold_weights)
-            for i, match in enumerate(products):
-                dims = [attention_patterns.product_dims(match, x, y) for x, y in zip(corners[f"x_{i}"],
-                                                                                     corners[f"y_{i}"])]
-                self._workloads[(graph.key, match.core)] = _attention_workload(match, *dims)
+            if dense_layers or products:
+                self._workloads.update(self._sized_by_graph(graph, dense_layers, products, cold_weights)
+                                       or self._sized_at_corners(graph, dense_layers, products, cold_weights,
+                                                                 corners_seen))
         workloads = list(dict.fromkeys(self._workloads.values()))
         self.report.workloads = workloads
         if not workloads:
@@ -185,6 +185,56 @@ class Converter:
         manifest = tune(workloads, self._bundle_dir, options=self.tuning, database=self.database).manifest
         self._layouts = {w: entry.get("weight_layout") for w, entry in zip(workloads, manifest["workloads"])}
         return self
+
+    def _sized_by_graph(self, graph, dense_layers, products, cold_weights: bool) -> dict | None:
+        """Workloads sized from the graph's symbolic shapes (graph_rewrite.symbolic_shapes), or
+        None where some dim does not follow from them."""
+        shapes = SymbolicShapes(self._indexes[graph.key], graph.input_tensors, self.ranges[graph.key])
+        sized, described = {}, {}
+        for layer in dense_layers:
+            x = shapes.shape(layer.x)
+            rows = None if x is None or None in x else shapes.canonical(math.prod(x) / layer.k)
+            if shapes.range_of(rows) is None:
+                return self._not_sized_by_graph(graph, layer.core)
+            workload = sized[(graph.key, layer.core)] = _dense_workload(layer, shapes.range_of(rows), cold_weights)
+            described.setdefault(workload, f"M = {rows}")
+        for match in products:
+            dims = _symbolic_product_dims(match, shapes)
+            ranges = {d: shapes.range_of(e) for d, e in (dims or {}).items()}
+            if dims is None or None in ranges.values():
+                return self._not_sized_by_graph(graph, match.core)
+            workload = sized[(graph.key, match.core)] = _attention_workload(match, ranges, dims)
+            described.setdefault(workload, ", ".join(f"{d.upper()} = {e}" for d, e in dims.items()
+                                                     if ranges[d][0] != ranges[d][1]))
+        for workload, text in described.items():
+            self.report.dims.setdefault(workload, text)
+        return sized
+
+    def _not_sized_by_graph(self, graph, core: str) -> None:
+        self.report.notes.append(f"{graph.key}: the dims of {core} do not follow from the graph's shapes; "
+                                 "its layers are sized by running the model at the corners of the ranges")
+
+    def _sized_at_corners(self, graph, dense_layers, products, cold_weights: bool, corners_seen: dict) -> dict:
+        """Workloads sized by running the model on zero inputs at the lowest and highest corner of
+        the ranges (once per computation: `corners_seen`)."""
+        tensors = {**{f"dense_{i}": m.x for i, m in enumerate(dense_layers)},
+                   **{f"x_{i}": a.x for i, a in enumerate(products)},
+                   **{f"y_{i}": a.y for i, a in enumerate(products)}}
+        seen = (self._computations[graph.key], repr(tensors), repr(self.ranges[graph.key]))
+        if seen not in corners_seen:
+            operands = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors,
+                                                      tensors, graph.captures, graph.graph_def).function()
+            corners_seen[seen] = shape_ranges.corner_shapes(operands, graph.input_specs, self.ranges[graph.key])
+        corners = corners_seen[seen]
+        sized = {(graph.key, layer.core): _dense_workload(
+            layer, shape_ranges.row_range(corners[f"dense_{i}"], layer.k), cold_weights)
+            for i, layer in enumerate(dense_layers)}
+        for i, match in enumerate(products):
+            lowest, highest = (attention_patterns.product_dims(match, x, y)
+                               for x, y in zip(corners[f"x_{i}"], corners[f"y_{i}"]))
+            ranges = {d: (min(lowest[d], highest[d]), max(lowest[d], highest[d])) for d in lowest}
+            sized[(graph.key, match.core)] = _attention_workload(match, ranges, ranges)
+        return sized
 
     def _cold_weights(self) -> bool:
         """Whether one call of a signature reads more dense weights than the last-level cache

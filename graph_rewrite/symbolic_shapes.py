@@ -1,0 +1,393 @@
+"""Symbolic shapes: a model's dynamic dims as symbols, carried through its graph.
+
+Every dynamic input dim (a range lo < hi) becomes a symbol, static dims are
+integers, and shapes travel through the graph as sympy expressions, together
+with the small integer tensors that compute shapes at run time (Shape,
+StridedSlice, Pack, Prod, ConcatV2 feeding a Reshape). A dense layer's row
+count comes out as, say, `input_ids[0]*input_ids[1]`, so its range follows
+from the input ranges without running the model, and two dims are one shape
+variable because the graph says so, not because their ranges happen to agree.
+
+Shape constraints (the seeds' idea): where an elementwise op broadcasts two
+dims that are not literally 1, or a product contracts two dims, they are
+taken to be equal and their symbols are merged (a key length and its mask's
+width become one symbol). A dim that is 1 at run time may still broadcast;
+the equality only steers tuning, never correctness.
+
+An op without a rule keeps TF's static shape, its unknown dims unknown; a
+layer that depends on one cannot be sized here (`range_of` gives None).
+"""
+
+import math
+import string
+
+import numpy as np
+import sympy
+
+from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
+
+Dim = sympy.Expr | None
+Shape = tuple[Dim, ...] | None
+
+UNARY = {"Abs", "Cast", "Ceil", "Elu", "EnsureShape", "Erf", "Erfc", "Exp", "Floor", "Gelu", "Identity",
+         "LeakyRelu", "Log", "LogSoftmax", "Neg", "OnesLike", "Reciprocal", "Relu", "Relu6", "Round", "Rsqrt",
+         "Selu", "Sigmoid", "Sign", "Snapshot", "Softmax", "Softplus", "Sqrt", "Square", "StopGradient", "Tanh",
+         "ZerosLike"}
+KEEPS_VALUE = {"Cast", "Identity", "Snapshot", "StopGradient"}
+BROADCASTING = {"Add", "AddV2", "BiasAdd", "Div", "DivNoNan", "Equal", "FloorDiv", "FloorMod", "Greater",
+                "GreaterEqual", "Less", "LessEqual", "LogicalAnd", "LogicalOr", "Maximum", "Minimum", "Mul",
+                "NotEqual", "Pow", "RealDiv", "SelectV2", "SquaredDifference", "Sub"}
+ARITHMETIC = {"Add": lambda a, b: a + b, "AddV2": lambda a, b: a + b, "Sub": lambda a, b: a - b,
+              "Mul": lambda a, b: a * b, "FloorDiv": lambda a, b: sympy.floor(a / b),
+              "Maximum": sympy.Max, "Minimum": sympy.Min}
+REDUCTIONS = {"All", "Any", "Max", "Mean", "Min", "Prod", "Sum"}
+MAX_VALUE_ELEMENTS = 16  # integer tensors this small are followed element by element (shape vectors)
+
+
+class SymbolicShapes:
+    def __init__(self, index: GraphIndex, inputs: dict[str, str], ranges: dict[str, list[tuple[int, int]]]):
+        """inputs: input name -> its tensor in the graph; ranges: input name -> (lo, hi) per dim."""
+        self.index = index
+        self.bounds: dict[sympy.Symbol, tuple[int, int]] = {}
+        self._merged: dict[sympy.Symbol, sympy.Symbol] = {}
+        self._shapes: dict[str, Shape] = {}
+        self._values: dict[str, tuple[Dim, ...] | None] = {}
+        for name, tensor in inputs.items():
+            dims = []
+            for axis, (lo, hi) in enumerate(ranges[name]):
+                if lo == hi:
+                    dims.append(sympy.Integer(lo))
+                else:
+                    symbol = sympy.Symbol(f"{name}[{axis}]", integer=True, nonnegative=True)
+                    self.bounds[symbol] = (lo, hi)
+                    dims.append(symbol)
+            self._shapes[tensor_name(tensor)] = tuple(dims)
+            self._values[tensor_name(tensor)] = None
+        for node in _topological_order(index):
+            if f"{node.name}:0" not in self._shapes:
+                self._visit(node)
+
+    # ---- what callers ask -------------------------------------------------------------------------
+
+    def shape(self, tensor: str) -> Shape:
+        shape = self._shapes.get(tensor_name(tensor))
+        return None if shape is None else tuple(None if d is None else self.canonical(d) for d in shape)
+
+    def canonical(self, expr: sympy.Expr) -> sympy.Expr:
+        """The expression in terms of each merged group's one symbol."""
+        expr = sympy.sympify(expr)
+        return expr.xreplace({s: self._root(s) for s in expr.free_symbols})
+
+    def range_of(self, expr: Dim) -> tuple[int, int] | None:
+        """(lo, hi) of an expression over the input ranges, or None when it is not a polynomial with
+        non-negative coefficients (then its extremes need not sit at the corners)."""
+        if expr is None:
+            return None
+        expr = self.canonical(expr)
+        if expr.is_Integer:
+            return int(expr), int(expr)
+        symbols = sorted(expr.free_symbols, key=str)
+        if not set(symbols) <= set(self.bounds):
+            return None
+        try:
+            coefficients = sympy.Poly(expr, *symbols).coeffs()
+        except sympy.PolynomialError:
+            return None
+        if any(c < 0 for c in coefficients):
+            return None
+        lo, hi = (expr.xreplace({s: sympy.Integer(self.bounds[s][end]) for s in symbols}) for end in (0, 1))
+        return (int(lo), int(hi)) if lo.is_Integer and hi.is_Integer else None
+
+    def same(self, a: Dim, b: Dim) -> bool:
+        return a is not None and b is not None and self.canonical(a) == self.canonical(b)
+
+    # ---- shape constraints --------------------------------------------------------------------------
+
+    def _root(self, symbol: sympy.Symbol) -> sympy.Symbol:
+        while symbol in self._merged:
+            symbol = self._merged[symbol]
+        return symbol
+
+    def equate(self, a: Dim, b: Dim) -> None:
+        """Records a == b where both are (merged) symbols; other equalities are not used."""
+        if a is None or b is None:
+            return
+        a, b = self.canonical(a), self.canonical(b)
+        if a != b and a.is_Symbol and b.is_Symbol and a in self.bounds and b in self.bounds:
+            keep, drop = sorted((a, b), key=str)
+            self._merged[drop] = keep
+            (klo, khi), (dlo, dhi) = self.bounds[keep], self.bounds[drop]
+            self.bounds[keep] = (max(klo, dlo), max(min(khi, dhi), max(klo, dlo)))
+
+    def broadcast(self, *shapes: Shape) -> Shape:
+        if any(s is None for s in shapes):
+            return None
+        rank = max(len(s) for s in shapes)
+        result = []
+        for dims in zip(*[(sympy.Integer(1),) * (rank - len(s)) + tuple(s) for s in shapes]):
+            sized = [d for d in dims if d is not None and d != 1]
+            if any(d is None for d in dims) and not any(d is not None and d.is_Integer and d != 1 for d in dims):
+                result.append(None)
+                continue
+            for other in sized[1:]:
+                self.equate(sized[0], other)
+            static = [d for d in sized if d.is_Integer]
+            result.append(static[0] if static else sized[0] if sized else sympy.Integer(1))
+        return tuple(result)
+
+    # ---- propagation ------------------------------------------------------------------------------------
+
+    def _visit(self, node) -> None:
+        inputs = [tensor_name(i) for i in node.input if not i.startswith("^")]
+        for tensor in inputs:
+            if tensor not in self._shapes:  # an op's second output: TF's static answer
+                self._shapes[tensor] = self._static_shape(tensor)
+                self._values[tensor] = self._static_value(tensor, self._shapes[tensor])
+        shapes = [self._shapes[t] for t in inputs]
+        values = [self._values[t] for t in inputs]
+        rule = getattr(self, f"_rule_{node.op}", None)
+        shape, value = None, None
+        if node.op in UNARY:
+            shape, value = shapes[0], values[0] if node.op in KEEPS_VALUE else None
+        elif node.op in BROADCASTING:
+            shape = self.broadcast(*shapes)
+            value = _elementwise(ARITHMETIC.get(node.op), values, shape)
+        elif node.op in REDUCTIONS:
+            shape, value = self._reduce(node, shapes[0], values[0], values[1])
+        elif rule is not None:
+            shape, value = rule(node, shapes, values)
+        output = f"{node.name}:0"
+        if shape is None:
+            shape = self._static_shape(output)
+        if value is None:
+            value = self._static_value(output, shape)
+        self._shapes[output], self._values[output] = shape, value
+
+    def _static_shape(self, tensor: str) -> Shape:
+        try:
+            static = self.index.graph.get_tensor_by_name(tensor).shape
+        except (KeyError, ValueError):
+            return None
+        return None if static.rank is None else tuple(None if d is None else sympy.Integer(d)
+                                                      for d in static.as_list())
+
+    def _static_value(self, tensor: str, shape: Shape) -> tuple[Dim, ...] | None:
+        if shape is None or len(shape) > 1 or not all(d is not None and d.is_Integer for d in shape):
+            return None
+        if math.prod(int(d) for d in shape) > MAX_VALUE_ELEMENTS:
+            return None
+        try:
+            value = self.index.value(tensor)
+        except (KeyError, ValueError, TypeError):
+            return None
+        if value is None or not np.issubdtype(np.asarray(value).dtype, np.integer):
+            return None
+        return tuple(sympy.Integer(int(v)) for v in np.ravel(value))
+
+    def _rule_ReadVariableOp(self, node, shapes, values):
+        value = self.index.value(f"{node.name}:0")
+        return (None if value is None else _integers(np.shape(value))), None
+
+    def _rule_Const(self, node, shapes, values):
+        return _integers(d.size for d in node.attr["value"].tensor.tensor_shape.dim), None  # value: _static_value
+
+    def _rule_Shape(self, node, shapes, values):
+        return (None if shapes[0] is None else (sympy.Integer(len(shapes[0])),)), shapes[0]
+
+    def _rule_Pack(self, node, shapes, values):
+        axis = node.attr["axis"].i
+        shape = shapes[0]
+        if shape is not None:
+            axis = axis % (len(shape) + 1)
+            shape = (*shape[:axis], sympy.Integer(len(shapes)), *shape[axis:])
+        scalars = all(v is not None and len(v) == 1 and s == () for v, s in zip(values, shapes))
+        return shape, tuple(v[0] for v in values) if scalars else None
+
+    def _rule_ConcatV2(self, node, shapes, values):
+        axis, parts = _constant(values[-1]), shapes[:-1]
+        if axis is None or any(s is None for s in parts):
+            return None, None
+        axis = axis[0] % len(parts[0])
+        joined = [None if any(s[axis] is None for s in parts) else sum(s[axis] for s in parts)]
+        shape = self.broadcast(*(s[:axis] + s[axis + 1:] for s in parts))
+        shape = None if shape is None else (*shape[:axis], *joined, *shape[axis:])
+        pieces = values[:-1]
+        value = sum(pieces, ()) if all(v is not None for v in pieces) and len(parts[0]) == 1 else None
+        return shape, value
+
+    def _rule_GatherV2(self, node, shapes, values):
+        params, indices, axis = shapes[0], shapes[1], _constant(values[2])
+        if params is None or indices is None or axis is None or node.attr["batch_dims"].i != 0:
+            return None, None
+        axis = axis[0] % len(params)
+        shape = (*params[:axis], *indices, *params[axis + 1:])
+        picks = _constant(values[1])
+        value = None if values[0] is None or picks is None else tuple(values[0][i] for i in picks)
+        return shape, value
+
+    def _rule_StridedSlice(self, node, shapes, values):
+        begin, end, strides = values[1:4]
+        source = shapes[0]
+        if source is None or begin is None or end is None or strides is None:
+            return None, None
+        if node.attr["ellipsis_mask"].i or node.attr["new_axis_mask"].i:
+            return None, None
+        masks = {k: node.attr[f"{k}_mask"].i for k in ("begin", "end", "shrink_axis")}
+        shape, picks = [], []
+        for axis, dim in enumerate(source):
+            if axis >= len(begin):
+                shape.append(dim)
+                picks.append(slice(None))
+                continue
+            start = sympy.Integer(0) if masks["begin"] >> axis & 1 else begin[axis]
+            stop = dim if masks["end"] >> axis & 1 else end[axis]
+            if masks["shrink_axis"] >> axis & 1:
+                picks.append(start)
+                continue
+            if strides[axis] != 1 or start is None or stop is None or dim is None:
+                return None, None
+            start, stop = (_clamp(v, dim) for v in (start, stop))
+            shape.append(sympy.Max(stop - start, 0) if not (stop - start).is_nonnegative else stop - start)
+            picks.append(slice(start, stop))
+        value = None
+        if len(source) == 1 and values[0] is not None:
+            pick = picks[0]
+            if isinstance(pick, slice) and all(p is None or p.is_Integer for p in (pick.start, pick.stop)):
+                value = values[0][int(pick.start or 0):None if pick.stop is None else int(pick.stop)]
+            elif not isinstance(pick, slice) and pick is not None and pick.is_Integer:
+                value = (values[0][int(pick)],)
+        return tuple(shape), value
+
+    def _rule_Reshape(self, node, shapes, values):
+        target = values[1]
+        if target is None:
+            return None, None
+        if any(d is None for d in target):
+            return tuple(None if d is None or d == -1 else d for d in target), None
+        if -1 in target:
+            if shapes[0] is None or any(d is None for d in shapes[0]):
+                return tuple(None if d == -1 else d for d in target), None
+            known = math.prod(d for d in target if d != -1)
+            target = tuple(sympy.cancel(math.prod(shapes[0]) / known) if d == -1 else d for d in target)
+        return tuple(target), None
+
+    def _rule_Transpose(self, node, shapes, values):
+        perm = _constant(values[1])
+        if shapes[0] is None or perm is None:
+            return None, None
+        return tuple(shapes[0][p] for p in perm), None
+
+    def _rule_ExpandDims(self, node, shapes, values):
+        axis = _constant(values[1])
+        if shapes[0] is None or axis is None:
+            return None, None
+        axis = axis[0] % (len(shapes[0]) + 1)
+        return (*shapes[0][:axis], sympy.Integer(1), *shapes[0][axis:]), None
+
+    def _rule_Squeeze(self, node, shapes, values):
+        if shapes[0] is None:
+            return None, None
+        axes = {a % len(shapes[0]) for a in node.attr["squeeze_dims"].list.i}
+        if not axes and any(d is None or not d.is_Integer for d in shapes[0]):
+            return None, None
+        return tuple(d for i, d in enumerate(shapes[0]) if (i not in axes if axes else d != 1)), None
+
+    def _rule_Fill(self, node, shapes, values):
+        return values[0], None
+
+    def _rule_MatMul(self, node, shapes, values):
+        a, b = shapes
+        if a is None or b is None:
+            return None, None
+        m, ka = (a[1], a[0]) if node.attr["transpose_a"].b else (a[0], a[1])
+        kb, n = (b[1], b[0]) if node.attr["transpose_b"].b else (b[0], b[1])
+        self.equate(ka, kb)
+        return (m, n), None
+
+    def _rule_BatchMatMulV2(self, node, shapes, values):
+        x, y = shapes
+        if x is None or y is None:
+            return None, None
+        m, kx = (x[-1], x[-2]) if node.attr["adj_x"].b else (x[-2], x[-1])
+        ky, n = (y[-1], y[-2]) if node.attr["adj_y"].b else (y[-2], y[-1])
+        self.equate(kx, ky)
+        batch = self.broadcast(x[:-2], y[:-2])
+        return (None if batch is None else (*batch, m, n)), None
+
+    _rule_BatchMatMulV3 = _rule_BatchMatMulV2
+
+    def _rule_Einsum(self, node, shapes, values):
+        equation = node.attr["equation"].s.decode().replace(" ", "")
+        operands, _, output = equation.partition("->")
+        operands = operands.split(",")
+        if "." in equation or len(operands) != len(shapes) or any(s is None for s in shapes):
+            return None, None
+        sizes: dict[str, Dim] = {}
+        for letters, shape in zip(operands, shapes):
+            for letter, dim in zip(letters, shape):
+                if letter in sizes and dim != 1 and sizes[letter] != 1:
+                    self.equate(sizes[letter], dim)
+                if letter not in sizes or sizes[letter] == 1:
+                    sizes[letter] = dim
+        if not set(output) <= set(sizes) or not set(equation) - set("->,") <= set(string.ascii_letters):
+            return None, None
+        return tuple(sizes[letter] for letter in output), None
+
+    def _reduce(self, node, shape: Shape, value, axes):
+        axes = _constant(axes)
+        if shape is None or axes is None:
+            return None, None
+        axes = {a % max(len(shape), 1) for a in axes}
+        keep = node.attr["keep_dims"].b
+        reduced = tuple(sympy.Integer(1) if i in axes else d for i, d in enumerate(shape) if keep or i not in axes)
+        if node.op in ("Prod", "Sum") and value is not None and len(shape) == 1 and axes == {0}:
+            return reduced, (math.prod(value) if node.op == "Prod" else sum(value),) \
+                if all(v is not None for v in value) else None
+        return reduced, None
+
+
+def _integers(shape) -> tuple[sympy.Integer, ...]:
+    return tuple(sympy.Integer(int(d)) for d in shape)
+
+
+def _constant(value) -> list[int] | None:
+    """An integer tensor's elements when every one is a known number (axes, permutations)."""
+    if value is None or any(v is None or not v.is_Integer for v in value):
+        return None
+    return [int(v) for v in value]
+
+
+def _clamp(index: sympy.Expr, dim: sympy.Expr) -> sympy.Expr:
+    """A slice bound as Python reads it: negative counts from the end."""
+    return dim + index if index.is_negative else index
+
+
+def _elementwise(operation, values, shape: Shape):
+    """Shape arithmetic (e.g. batch * heads) on small integer vectors, broadcasting scalars."""
+    if operation is None or shape is None or len(shape) > 1 or any(v is None for v in values):
+        return None
+    length = max(len(v) for v in values)
+    if any(len(v) not in (1, length) for v in values):
+        return None
+    columns = [v * length if len(v) == 1 else v for v in values]
+    return tuple(operation(*elements) if None not in elements else None for elements in zip(*columns))
+
+
+def _topological_order(index: GraphIndex):
+    """Nodes with every data input before them (Kahn's algorithm; GraphDefs need not be sorted)."""
+    waiting = {name: {i.lstrip("^").split(":")[0] for i in node.input} & index.nodes.keys()
+               for name, node in index.nodes.items()}
+    users: dict[str, list[str]] = {}
+    for name, sources in waiting.items():
+        for source in sources:
+            users.setdefault(source, []).append(name)
+    ready = [name for name, sources in waiting.items() if not sources]
+    order = []
+    while ready:
+        name = ready.pop()
+        order.append(index.nodes[name])
+        for user in users.get(name, []):
+            waiting[user].discard(name)
+            if not waiting[user]:
+                ready.append(user)
+    return order

@@ -1,0 +1,103 @@
+"""Symbolic shapes: dynamic input dims as symbols through a signature's graph
+(concat, reshape with -1, shape arithmetic, products), equalities from
+broadcasting and contraction, and optimize() falling back to running the model
+where a dim does not follow from the graph."""
+
+import numpy as np
+import sympy
+import tensorflow as tf
+
+import tf_dietcode
+from tf_dietcode.graph_rewrite import signature_graph
+from tf_dietcode.graph_rewrite.graph_index import GraphIndex
+from tf_dietcode.graph_rewrite.symbolic_shapes import SymbolicShapes
+from tf_dietcode.tuning import search
+
+from conftest import TINY_TUNING_OPTIONS
+
+
+def saved_signature(path, function, specs):
+    """`function` exported as a SavedModel's serving signature, loaded back (inputs by name)."""
+    module = tf.Module()
+    module.serve = tf.function(function, input_signature=specs)
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    return signature_graph.from_signature("serving_default", tf.saved_model.load(str(path)).signatures["serving_default"])
+
+
+def symbolic(graph, ranges) -> tuple[SymbolicShapes, dict]:
+    shapes = SymbolicShapes(GraphIndex(graph.graph_def, {}), graph.input_tensors, ranges)
+    return shapes, {name: shapes.shape(tensor) for name, tensor in graph.output_tensors.items()}
+
+
+def test_dims_follow_concat_reshape_and_products(tmp_path):
+    def serve(x, cls):
+        with_cls = tf.concat([cls, x], axis=1)                               # [B, T + 1, 8]
+        rows = tf.reshape(with_cls, [-1, tf.shape(with_cls)[-1]])           # [B * (T + 1), 8]
+        return {"rows": rows, "scores": tf.matmul(with_cls, with_cls, transpose_b=True),
+                "tiled": tf.tile(x, [2, 1, 1])}
+
+    graph = saved_signature(tmp_path, serve, [tf.TensorSpec([None, None, 8], name="x"),
+                                              tf.TensorSpec([None, 1, 8], name="cls")])
+    shapes, out = symbolic(graph, {"x": [(1, 4), (1, 9), (8, 8)], "cls": [(1, 4), (1, 1), (8, 8)]})
+    batch, length = (sympy.Symbol(n, integer=True, nonnegative=True) for n in ("cls[0]", "x[1]"))
+    # concat broadcasts the batch dims: x's and cls's batch are one symbol
+    assert shapes.same(sympy.Symbol("x[0]", integer=True, nonnegative=True), batch)
+    assert sympy.expand(out["rows"][0] - batch * (length + 1)) == 0 and out["rows"][1] == 8
+    assert shapes.range_of(out["rows"][0]) == (2, 40)
+    assert out["scores"] == (batch, length + 1, length + 1)
+    assert shapes.range_of(out["scores"][1]) == (2, 10)
+    # no rule for Tile: TF's static shape, its unknown dims unknown
+    assert out["tiled"] == (None, None, 8) and shapes.range_of(out["tiled"][0]) is None
+
+
+def test_a_mask_width_is_the_key_length_and_separate_lengths_stay_apart(tmp_path):
+    def serve(q, k, mask):
+        return {"out": tf.matmul(q, k, transpose_b=True) + mask}
+
+    graph = saved_signature(tmp_path, serve, [tf.TensorSpec([None, 3, None, 8], name="q"),
+                                              tf.TensorSpec([None, 3, None, 8], name="k"),
+                                              tf.TensorSpec([None, 1, 1, None], name="mask")])
+    same_ranges = [(1, 4), (3, 3), (1, 9), (8, 8)]
+    shapes, out = symbolic(graph, {"q": same_ranges, "k": same_ranges, "mask": [(1, 4), (1, 1), (1, 1), (1, 9)]})
+    q_length, k_length, width = (sympy.Symbol(n, integer=True, nonnegative=True) for n in ("q[2]", "k[2]", "mask[3]"))
+    assert shapes.same(k_length, width)
+    assert not shapes.same(q_length, k_length)  # equal ranges, but nothing in the graph makes them equal
+    assert out["out"][1:] == (3, q_length, k_length)
+
+
+def test_cross_attention_lengths_are_separate_shape_variables(tmp_path, rng):
+    """Queries and keys of independent lengths: the product's M and N are not tied."""
+    def serve(q, k):
+        return {"out": tf.matmul(q, k, transpose_b=True)}
+
+    specs = [tf.TensorSpec([2, 3, None, 8], name="q"), tf.TensorSpec([2, 3, None, 8], name="k")]
+    module = tf.Module()
+    module.serve = tf.function(serve, input_signature=specs)
+    tf.saved_model.save(module, str(tmp_path / "in"), signatures={"serving_default": module.serve})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=search.SearchOptions(**TINY_TUNING_OPTIONS),
+                                  shape_ranges={"q": [2, 3, (1, 9), 8], "k": [2, 3, (1, 9), 8]})
+    [workload] = report.workloads
+    assert workload.ties == () and (workload.m.lo, workload.m.hi, workload.n.lo, workload.n.hi) == (1, 9, 1, 9)
+    assert report.dims[workload] == "M = q[2], N = k[2]"
+    q, k = rng.uniform(-1, 1, (2, 3, 7, 8)).astype(np.float32), rng.uniform(-1, 1, (2, 3, 4, 8)).astype(np.float32)
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    np.testing.assert_allclose(optimized(q=q, k=k)["out"], serve(q, k)["out"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_the_graph_cannot_size_is_sized_by_running_the_model(tmp_path, rng):
+    weight = rng.uniform(-1, 1, (16, 8)).astype(np.float32)
+
+    def serve(x):
+        return {"out": tf.matmul(tf.tile(x, [2, 1]), weight)}  # rows 2 * batch, through an op without a rule
+
+    module = tf.Module()
+    module.serve = tf.function(serve, input_signature=[tf.TensorSpec([None, 16], name="x")])
+    tf.saved_model.save(module, str(tmp_path / "in"), signatures={"serving_default": module.serve})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=search.SearchOptions(**TINY_TUNING_OPTIONS),
+                                  shape_ranges={"x": [(1, 5), 16]})
+    [workload] = report.workloads
+    assert (workload.m.lo, workload.m.hi) == (2, 10) and workload not in report.dims
+    assert any("do not follow from the graph" in note for note in report.notes)
+    x = rng.uniform(-1, 1, (3, 16)).astype(np.float32)
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    np.testing.assert_allclose(optimized(x=x)["out"], serve(x)["out"], rtol=1e-5, atol=1e-5)
