@@ -86,12 +86,14 @@ class SymbolicShapes:
         expr = self.canonical(expr)
         if expr.is_Integer:
             return int(expr), int(expr)
+        if expr.has(sympy.zoo, sympy.nan, sympy.oo, -sympy.oo):
+            return None
         symbols = sorted(expr.free_symbols, key=str)
         if not set(symbols) <= set(self.bounds):
             return None
         try:
             coefficients = sympy.Poly(expr, *symbols).coeffs()
-        except sympy.PolynomialError:
+        except sympy.polys.polyerrors.BasePolynomialError:
             return None
         if any(c < 0 for c in coefficients):
             return None
@@ -145,23 +147,28 @@ class SymbolicShapes:
                 self._values[tensor] = self._static_value(tensor, self._shapes[tensor])
         shapes = [self._shapes[t] for t in inputs]
         values = [self._values[t] for t in inputs]
-        rule = getattr(self, f"_rule_{node.op}", None)
-        shape, value = None, None
-        if node.op in UNARY:
-            shape, value = shapes[0], values[0] if node.op in KEEPS_VALUE else None
-        elif node.op in BROADCASTING:
-            shape = self.broadcast(*shapes)
-            value = _elementwise(ARITHMETIC.get(node.op), values, shape)
-        elif node.op in REDUCTIONS:
-            shape, value = self._reduce(node, shapes[0], values[0], values[1])
-        elif rule is not None:
-            shape, value = rule(node, shapes, values)
+        try:
+            shape, value = self._propagate(node, shapes, values)
+        except (ArithmeticError, IndexError, TypeError, ValueError):  # inputs a rule does not expect
+            shape, value = None, None
         output = f"{node.name}:0"
         if shape is None:
             shape = self._static_shape(output)
         if value is None:
             value = self._static_value(output, shape)
         self._shapes[output], self._values[output] = shape, value
+
+    def _propagate(self, node, shapes: list[Shape], values: list) -> tuple[Shape, tuple | None]:
+        """The node's first output: its shape and, for a small integer tensor, its elements."""
+        rule = getattr(self, f"_rule_{node.op}", None)
+        if node.op in UNARY:
+            return shapes[0], values[0] if node.op in KEEPS_VALUE else None
+        if node.op in BROADCASTING:
+            shape = self.broadcast(*shapes)
+            return shape, _elementwise(ARITHMETIC.get(node.op), values, shape)
+        if node.op in REDUCTIONS:
+            return self._reduce(node, shapes[0], values[0], values[1])
+        return rule(node, shapes, values) if rule is not None else (None, None)
 
     def _static_shape(self, tensor: str) -> Shape:
         try:
