@@ -3,7 +3,8 @@ signature, and the range of every matched layer's row count M they imply.
 
 Ranges come from the user (`{"input_ids": (None, (1, 128))}`: per dim a
 size, an inclusive (lo, hi) range, or None for "the signature's size, or the
-default") or from representative inputs. M = product of a layer input's
+default": the batch 1..16, any other dim 1..128 or up to what the model's own
+graph allows) or from representative inputs. M = product of a layer input's
 leading dims; it is found by running the original graph on zero inputs at the
 lowest and the highest corner of the ranges (products grow with every dim).
 """
@@ -19,8 +20,14 @@ DEFAULT_OTHER = (1, 128)       # any other unknown dim (sequence lengths)
 DimRanges = dict[str, list[tuple[int, int]]]
 
 
-def resolve(specs: dict[str, tf.TensorSpec], shape_ranges: dict | None) -> tuple[DimRanges, list[str]]:
-    """(lo, hi) per dim of every input, and notes on the defaults used."""
+def resolve(specs: dict[str, tf.TensorSpec], shape_ranges: dict | None,
+            declared_maxima: dict[tuple[str, int], int] | None = None) -> tuple[DimRanges, list[str]]:
+    """(lo, hi) per dim of every input, and notes on the defaults used.
+
+    declared_maxima: (input, axis) -> the largest size the model itself allows (a
+    position table it slices by that dim, graph_rewrite.symbolic_shapes); a dim
+    that neither the signature nor shape_ranges sizes goes up to it.
+    """
     shape_ranges = dict(shape_ranges or {})
     unknown = sorted(set(shape_ranges) - set(specs))
     if unknown:
@@ -35,9 +42,13 @@ def resolve(specs: dict[str, tf.TensorSpec], shape_ranges: dict | None) -> tuple
         ranges[name] = []
         for axis, (declared, wanted) in enumerate(zip(spec.shape.as_list(), given)):
             if wanted is None:
-                lo_hi = (declared, declared) if declared is not None else DEFAULT_BATCH if axis == 0 else DEFAULT_OTHER
+                maximum = (declared_maxima or {}).get((name, axis))
+                lo_hi = ((declared, declared) if declared is not None else DEFAULT_BATCH if axis == 0
+                         else (DEFAULT_OTHER[0], maximum) if maximum is not None and maximum >= DEFAULT_OTHER[0]
+                         else DEFAULT_OTHER)
                 if declared is None:
-                    notes.append(f"{name} dim {axis}: no range given, assumed {lo_hi[0]}..{lo_hi[1]}")
+                    why = f" (the model slices a dim of {maximum} by it)" if lo_hi[1] == maximum else ""
+                    notes.append(f"{name} dim {axis}: no range given, assumed {lo_hi[0]}..{lo_hi[1]}{why}")
             else:
                 lo_hi = (wanted, wanted) if isinstance(wanted, int) else tuple(int(v) for v in wanted)
             lo, hi = lo_hi

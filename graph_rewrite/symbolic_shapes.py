@@ -50,6 +50,8 @@ class SymbolicShapes:
         self.index = index
         self.bounds: dict[sympy.Symbol, tuple[int, int]] = {}
         self._merged: dict[sympy.Symbol, sympy.Symbol] = {}
+        self._inputs: dict[sympy.Symbol, tuple[str, int]] = {}
+        self._slice_limits: dict[sympy.Symbol, int] = {}  # a symbol that slices a static dim: at most its size
         self._shapes: dict[str, Shape] = {}
         self._values: dict[str, tuple[Dim, ...] | None] = {}
         for name, tensor in inputs.items():
@@ -60,6 +62,7 @@ class SymbolicShapes:
                 else:
                     symbol = sympy.Symbol(f"{name}[{axis}]", integer=True, nonnegative=True)
                     self.bounds[symbol] = (lo, hi)
+                    self._inputs[symbol] = (name, axis)
                     dims.append(symbol)
             self._shapes[tensor_name(tensor)] = tuple(dims)
             self._values[tensor_name(tensor)] = None
@@ -100,6 +103,15 @@ class SymbolicShapes:
         lo, hi = (expr.xreplace({s: sympy.Integer(self.bounds[s][end]) for s in symbols}) for end in (0, 1))
         return (int(lo), int(hi)) if lo.is_Integer and hi.is_Integer else None
 
+    def declared_maxima(self) -> dict[tuple[str, int], int]:
+        """(input, axis) -> the largest size the graph allows that dim: the model slices a static
+        dim by it (BERT's position table, `table[:T]`), so a longer input would not fit."""
+        limits: dict[sympy.Symbol, int] = {}
+        for symbol, limit in self._slice_limits.items():  # recorded before later merges
+            root = self._root(symbol)
+            limits[root] = min(limits.get(root, limit), limit)
+        return {dim: limits[self._root(s)] for s, dim in self._inputs.items() if self._root(s) in limits}
+
     def same(self, a: Dim, b: Dim) -> bool:
         return a is not None and b is not None and self.canonical(a) == self.canonical(b)
 
@@ -120,6 +132,11 @@ class SymbolicShapes:
             self._merged[drop] = keep
             (klo, khi), (dlo, dhi) = self.bounds[keep], self.bounds[drop]
             self.bounds[keep] = (max(klo, dlo), max(min(khi, dhi), max(klo, dlo)))
+
+    def _note_slice_limit(self, stop: sympy.Expr, dim: sympy.Expr) -> None:
+        stop = self.canonical(stop)
+        if stop.is_Symbol and stop in self.bounds and dim.is_Integer:
+            self._slice_limits[stop] = min(self._slice_limits.get(stop, int(dim)), int(dim))
 
     def broadcast(self, *shapes: Shape) -> Shape:
         if any(s is None for s in shapes):
@@ -253,6 +270,7 @@ class SymbolicShapes:
                 continue
             if strides[axis] != 1 or start is None or stop is None or dim is None:
                 return None, None
+            self._note_slice_limit(stop, dim)
             start, stop = (_clamp(v, dim) for v in (start, stop))
             shape.append(sympy.Max(stop - start, 0) if not (stop - start).is_nonnegative else stop - start)
             picks.append(slice(start, stop))

@@ -101,3 +101,22 @@ def test_a_layer_the_graph_cannot_size_is_sized_by_running_the_model(tmp_path, r
     x = rng.uniform(-1, 1, (3, 16)).astype(np.float32)
     optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
     np.testing.assert_allclose(optimized(x=x)["out"], serve(x)["out"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_dim_without_a_range_goes_up_to_the_table_the_model_slices_by_it(tmp_path):
+    """No range given for T: the model's own position table (40 rows, sliced by T) bounds it."""
+    class Model(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.positions = tf.Variable(np.zeros((40, 8), np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, None, 8], name="x")])
+        def serve(self, x):
+            return {"out": x + self.positions[: tf.shape(x)[1]]}
+
+    model = Model()
+    tf.saved_model.save(model, str(tmp_path), signatures={"serving_default": model.serve})
+    report = tf_dietcode.Converter(tmp_path).convert().report
+    assert report.ranges["serving_default"]["x"] == [(1, 16), (1, 40), (8, 8)]
+    assert "serving_default: x dim 1: no range given, assumed 1..40 (the model slices a dim of 40 by it)" \
+        in report.notes

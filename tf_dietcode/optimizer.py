@@ -146,7 +146,9 @@ class Converter:
             left += left_alone
             self.attention[graph.key] = attention_patterns.find(index)
             found.update(m.form for m in [*matches, *self.attention[graph.key]])
-            self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges)
+            provisional, _ = shape_ranges.resolve(graph.input_specs, self.shape_ranges)
+            maxima = SymbolicShapes(index, graph.input_tensors, provisional).declared_maxima()
+            self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges, maxima)
             notes += [f"{graph.key}: {note}" for note in graph_notes]
         self._variables = variables
         groups = [g for layers in self.dense_layers.values() for g in layers if len(g.members) > 1]
