@@ -17,8 +17,9 @@ import importlib
 # 7: the write-back checks only rows and columns; 8: dense row tasks of task_m row tiles;
 # 9: fetches split at their bounds; 10: vectors of power-of-two width;
 # 11: write-backs split at their bounds too; 12: fetches copy inside the bounds, zero only the reduction's padding;
-# 13: guarded loops stop at their bounds (guarded_loops), batch matmul's x tile on the stack).
-TEMPLATES_VERSION = 13
+# 13: guarded loops stop at their bounds (guarded_loops), batch matmul's x tile on the stack;
+# 14: dense rows past M read x's last row in place instead of a fetched local tile).
+TEMPLATES_VERSION = 14
 
 import functools
 
