@@ -183,6 +183,34 @@ def test_dispatch_follows_measurements_where_the_formula_is_off():
     assert [chosen.kernels[chosen.kernel_index(WORKLOAD.dims_at((m,)))] for m in (10, 100)] == [short, short]
 
 
+def votes_measured_everywhere(winner_at) -> dispatch.Dispatch:
+    """The dispatch of kernels measured at every M (so votes are the measurements):
+    winner_at(m) runs at 20 GFLOP/s there, every other kernel at 10."""
+    kernels = sorted({winner_at(m) for m in range(1, WORKLOAD.m.hi + 1)})
+    shapes = [(m,) for m in range(1, WORKLOAD.m.hi + 1)]
+    records = [Measurement(k, s, WORKLOAD.flops(WORKLOAD.dims_at(s)) / ((20.0 if winner_at(s[0]) == k else 10.0) * 1e9))
+               for k in kernels for s in shapes]
+    model = cost_model.CostModel(WORKLOAD, HW)
+    model.k = 0.0
+    return dispatch.build_dispatch(search.SearchResult(WORKLOAD, shapes, records, model))
+
+
+def test_dispatch_tree_keeps_small_shapes_when_leaves_run_short():
+    """More winning regions than the tree has leaves: it merges regions at large M,
+    where each is one of many sizes, not M = 1..2, whose kernel a per-shape count
+    would give up first (its region is the smallest)."""
+    small = MicroKernel(1, 16, 8, 1, True, packed=True)
+    others = [MicroKernel(m, 16, k, 1, True, packed=True) for m in range(2, 9) for k in (8, 16, 32, 64, 128)]
+    chosen = votes_measured_everywhere(lambda m: small if m <= 2 else others[(m - 3) // 3])
+    assert len({(m - 3) // 3 for m in range(3, WORKLOAD.m.hi + 1)}) + 1 > dispatch.MAX_LEAVES
+    assert [chosen.kernels[chosen.kernel_index(WORKLOAD.dims_at((m,)))] for m in (1, 2)] == [small, small]
+
+
+def test_shape_weights_halve_with_each_doubling():
+    np.testing.assert_allclose(dispatch.shape_weights([(1,), (2,), (4,)]), [1, 1 / 2, 1 / 4])
+    np.testing.assert_allclose(dispatch.shape_weights([(3, 5), (2, 2)]), [1 / 15, 1 / 4])
+
+
 def test_database_survives_a_truncated_line(tmp_path):
     path = tmp_path / "db.jsonl"
     db = Database(path)

@@ -63,6 +63,16 @@ class Dispatch:
                 f"  if ({bounds}) return -1;\n{node(0, 1)}}}\n")
 
 
+def shape_weights(shapes: list[tuple[int, ...]]) -> np.ndarray:
+    """Each shape's weight in the tree: 1 / the product of its variables' sizes, so
+    that every doubling of a size weighs alike (a request at T = 5 matters as much
+    as one at T = 100; the samples are spread geometrically for the same reason).
+    Counted per shape, a tree short of leaves merged small-M regions into their
+    neighbours: in one default-budget tuning of BERT-base, its 768 x 768 layer ran
+    a kernel 1.65x slower than the fastest measured at the sample shape M = 5."""
+    return 1.0 / np.prod(np.asarray(shapes, dtype=np.float64), axis=1)
+
+
 def build_dispatch(result: SearchResult) -> Dispatch:
     """Votes over every shape of the range, the layout choice, and the fitted tree."""
     model, workload = result.model, result.workload
@@ -91,6 +101,7 @@ def build_dispatch(result: SearchResult) -> Dispatch:
     used = sorted({int(b) for b in best})
     labels = np.array([used.index(int(b)) for b in best])  # positions in the used kernels
     features = np.stack([dims[d] for d in workload.dynamic_dims] or [np.zeros(len(shapes))], axis=1)
-    tree = DecisionTreeClassifier(max_leaf_nodes=MAX_LEAVES, random_state=0).fit(features, labels)
+    tree = DecisionTreeClassifier(max_leaf_nodes=MAX_LEAVES, random_state=0)
+    tree.fit(features, labels, sample_weight=shape_weights(shapes))
     return Dispatch(workload, [kernels[i] for i in used], tree,
                     {s: float(g) for s, g in zip(shapes, gflops)})
