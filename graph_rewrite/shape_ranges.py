@@ -43,9 +43,7 @@ def resolve(specs: dict[str, tf.TensorSpec], shape_ranges: dict | None,
         for axis, (declared, wanted) in enumerate(zip(spec.shape.as_list(), given)):
             if wanted is None:
                 maximum = (declared_maxima or {}).get((name, axis))
-                lo_hi = ((declared, declared) if declared is not None else DEFAULT_BATCH if axis == 0
-                         else (DEFAULT_OTHER[0], maximum) if maximum is not None and maximum >= DEFAULT_OTHER[0]
-                         else DEFAULT_OTHER)
+                lo_hi = (declared, declared) if declared is not None else _default_range(axis, maximum)
                 if declared is None:
                     why = f" (the model slices a dim of {maximum} by it)" if lo_hi[1] == maximum else ""
                     notes.append(f"{name} dim {axis}: no range given, assumed {lo_hi[0]}..{lo_hi[1]}{why}")
@@ -59,6 +57,16 @@ def resolve(specs: dict[str, tf.TensorSpec], shape_ranges: dict | None,
                                  f"shape_ranges asks for {lo}..{hi}")
             ranges[name].append((lo, hi))
     return ranges, notes
+
+
+def _default_range(axis: int, maximum: int | None) -> tuple[int, int]:
+    """The range of a dim that neither the signature nor shape_ranges sizes: the batch
+    DEFAULT_BATCH, any other dim up to the model's own limit where it has one."""
+    if axis == 0:
+        return DEFAULT_BATCH
+    if maximum is not None and maximum >= DEFAULT_OTHER[0]:
+        return DEFAULT_OTHER[0], maximum
+    return DEFAULT_OTHER
 
 
 def from_examples(specs: dict[str, tf.TensorSpec], examples) -> DimRanges:
