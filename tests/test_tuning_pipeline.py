@@ -209,6 +209,7 @@ def test_dispatch_tree_keeps_small_shapes_when_leaves_run_short():
 def test_shape_weights_halve_with_each_doubling():
     np.testing.assert_allclose(dispatch.shape_weights([(1,), (2,), (4,)]), [1, 1 / 2, 1 / 4])
     np.testing.assert_allclose(dispatch.shape_weights([(3, 5), (2, 2)]), [1 / 15, 1 / 4])
+    np.testing.assert_allclose(dispatch.shape_weights([(0, 5), (0, 1)]), [1 / 5, 1])  # empty products: finite
 
 
 def test_database_survives_a_truncated_line(tmp_path):

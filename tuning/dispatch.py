@@ -69,8 +69,9 @@ def shape_weights(shapes: list[tuple[int, ...]]) -> np.ndarray:
     as one at T = 100; the samples are spread geometrically for the same reason).
     Counted per shape, a tree short of leaves merged small-M regions into their
     neighbours: in one default-budget tuning of BERT-base, its 768 x 768 layer ran
-    a kernel 1.65x slower than the fastest measured at the sample shape M = 5."""
-    return 1.0 / np.prod(np.asarray(shapes, dtype=np.float64), axis=1)
+    a kernel 1.65x slower than the fastest measured at the sample shape M = 5.
+    A size of 0 (an empty product, which a range may include) weighs as 1, not infinitely."""
+    return 1.0 / np.prod(np.maximum(np.asarray(shapes, dtype=np.float64), 1.0), axis=1)
 
 
 def build_dispatch(result: SearchResult) -> Dispatch:
