@@ -80,7 +80,7 @@ def test_guards_become_loop_bounds():
 def test_shrunk_loops_compute_what_the_guarded_ones_did():
     target = tvm.target.Target("llvm")
     reference = tvm.compile(guarded, target=target, tir_pipeline="default")
-    shrunk = tvm.compile(guarded, target=target, tir_pipeline=guarded_loops.PIPELINE)
+    shrunk = tvm.compile(guarded, target=target, tir_pipeline=measure.PIPELINE)
     for n in range(-3, 36, 2):
         for c in (-1, 0, 5, 40):
             outputs = []
@@ -109,9 +109,9 @@ def test_symbolic_kernels_keep_no_check_per_iteration(workload, kernel):
     target = tvm.target.Target(hw.target(), host=hw.target())
     scheduled = tvm.tirx.transform.BindTarget(target)(templates.for_workload(workload).schedule(workload, kernel))
     checked = {}
-    for pipeline in ("default", guarded_loops.PIPELINE):
+    for pipeline in ("default", measure.PIPELINE):
         lower = tvm.tirx.get_tir_pipeline(pipeline)[0]
         with tvm.transform.PassContext(config=measure.PASS_CONFIG):
             checked[pipeline] = loops_checking_their_variable(lower(scheduled)["main"].body)
     assert checked["default"], "LoopPartition left no checked loop: is ShrinkGuardedLoops still needed?"
-    assert checked[guarded_loops.PIPELINE] == []
+    assert checked[measure.PIPELINE] == []

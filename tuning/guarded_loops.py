@@ -147,12 +147,3 @@ def _shrink(loop: tir_stmt.For) -> tir_stmt.Stmt:
     shrunk = _with_body(loop, body, start, simplify(tirx.max(end - start, tirx.const(0, dtype))))
     return tir_stmt.IfThenElse(tvm.tirx.all(*hoisted), shrunk, None) if hoisted else shrunk
 
-
-def _pipeline():
-    """TVM's default TIR pipeline, then ShrinkGuardedLoops (after LoopPartition made the remainders)."""
-    lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
-    return tvm.transform.Sequential([lower, ShrinkGuardedLoops]), finalize_host, finalize_device
-
-
-PIPELINE = "tf_dietcode"  # tvm.compile(..., tir_pipeline=PIPELINE)
-tvm.tirx.compilation_pipeline.register_tir_pipeline(PIPELINE, _pipeline)

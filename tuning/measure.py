@@ -19,7 +19,7 @@ import time
 import numpy as np
 import tvm
 
-from tf_dietcode.tuning import guarded_loops, templates
+from tf_dietcode.tuning import guarded_loops, task_scratch, templates
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -50,10 +50,23 @@ class Measurement:
 PASS_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True}}
 
 
+def _pipeline():
+    """TVM's default TIR pipeline, then ours on the lowered code: ShrinkGuardedLoops (after
+    LoopPartition made the remainders) and AllocatePerTask (before LowerTVMBuiltin, in the
+    finalizing passes, turns tiles into workspace calls)."""
+    lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
+    ours = [guarded_loops.ShrinkGuardedLoops, task_scratch.AllocatePerTask]
+    return tvm.transform.Sequential([lower, *ours]), finalize_host, finalize_device
+
+
+PIPELINE = "tf_dietcode"  # tvm.compile(..., tir_pipeline=PIPELINE)
+tvm.tirx.compilation_pipeline.register_tir_pipeline(PIPELINE, _pipeline)
+
+
 def build(mod: tvm.IRModule, hw: Hardware):
     """Kernels compiled for this machine, as every kernel is (tuning, bundles, benchmarks)."""
     with tvm.transform.PassContext(config=PASS_CONFIG):
-        return tvm.compile(mod, target=hw.target(), tir_pipeline=guarded_loops.PIPELINE)
+        return tvm.compile(mod, target=hw.target(), tir_pipeline=PIPELINE)
 
 
 def compile_kernel(workload: Workload, kernel: MicroKernel, hw: Hardware, dims: dict[str, int] | None = None):

@@ -18,8 +18,9 @@ import importlib
 # 9: fetches split at their bounds; 10: vectors of power-of-two width;
 # 11: write-backs split at their bounds too; 12: fetches copy inside the bounds, zero only the reduction's padding;
 # 13: guarded loops stop at their bounds (guarded_loops), batch matmul's x tile on the stack;
-# 14: dense rows past M read x's last row in place instead of a fetched local tile).
-TEMPLATES_VERSION = 14
+# 14: dense rows past M read x's last row in place instead of a fetched local tile;
+# 15: scratch tiles allocated once per parallel task, not per iteration: task_scratch).
+TEMPLATES_VERSION = 15
 
 import functools
 
