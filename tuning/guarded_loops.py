@@ -36,7 +36,7 @@ def shrink_guarded_loops(stmt: tir_stmt.Stmt) -> tir_stmt.Stmt:
     if isinstance(stmt, tir_stmt.While):
         return tir_stmt.While(stmt.condition, shrink_guarded_loops(stmt.body))
     if isinstance(stmt, tir_stmt.For):
-        loop = _with_body(stmt, shrink_guarded_loops(stmt.body))
+        loop = with_body(stmt, shrink_guarded_loops(stmt.body))
         return _shrink(loop) if loop.kind == tir_stmt.ForKind.SERIAL else loop
     return stmt
 
@@ -46,7 +46,8 @@ def ShrinkGuardedLoops(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:  # noq
     return func.with_body(shrink_guarded_loops(func.body))
 
 
-def _with_body(loop: tir_stmt.For, body: tir_stmt.Stmt, min_=None, extent=None) -> tir_stmt.For:
+def with_body(loop: tir_stmt.For, body: tir_stmt.Stmt, min_=None, extent=None) -> tir_stmt.For:
+    """The loop with a new body (and, if given, a new start or trip count), all else kept."""
     return tir_stmt.For(loop.loop_var, loop.min if min_ is None else min_, loop.extent if extent is None else extent,
                         loop.kind, body, loop.thread_binding, loop.annotations, loop.step)
 
@@ -144,6 +145,6 @@ def _shrink(loop: tir_stmt.For) -> tir_stmt.Stmt:
     guarded = branch.then_case if not kept else tir_stmt.IfThenElse(tvm.tirx.all(*kept), branch.then_case, None)
     body = tir_stmt.SeqStmt([*bindings, guarded]) if bindings else guarded
     start = simplify(start)
-    shrunk = _with_body(loop, body, start, simplify(tirx.max(end - start, tirx.const(0, dtype))))
+    shrunk = with_body(loop, body, start, simplify(tirx.max(end - start, tirx.const(0, dtype))))
     return tir_stmt.IfThenElse(tvm.tirx.all(*hoisted), shrunk, None) if hoisted else shrunk
 

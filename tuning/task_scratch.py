@@ -22,6 +22,8 @@ from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 from tvm.tirx.analysis import undefined_vars
 
+from tf_dietcode.tuning.guarded_loops import with_body
+
 LAUNCH_POINT = "pragma_parallel_launch_point"  # codegen_cpu.cc: the parallel tasks start here
 
 
@@ -34,7 +36,7 @@ def allocate_per_task(loop: tir_stmt.For) -> tir_stmt.Stmt:
     per_iteration = [loop.loop_var]  # vars whose value may change from one iteration to the next
     hoisted, kept = [], []
     for statement in statements:
-        if _invariant(statement, per_iteration) and isinstance(statement, (tir_stmt.Bind, tir_stmt.AllocBuffer)):
+        if _invariant(statement, per_iteration):
             hoisted.append(statement)
         else:
             kept.append(statement)
@@ -42,9 +44,7 @@ def allocate_per_task(loop: tir_stmt.For) -> tir_stmt.Stmt:
                 per_iteration.append(statement.var)
     if not any(isinstance(statement, tir_stmt.AllocBuffer) for statement in hoisted):
         return loop
-    body = kept[0] if len(kept) == 1 else tir_stmt.SeqStmt(kept)
-    parallel = tir_stmt.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
-                            loop.annotations, loop.step)
+    parallel = with_body(loop, kept[0] if len(kept) == 1 else tir_stmt.SeqStmt(kept))
     return tir_stmt.AttrStmt(loop.loop_var, LAUNCH_POINT, tirx.const(1, "int32"),
                              tir_stmt.SeqStmt([*hoisted, parallel]))
 
