@@ -24,21 +24,27 @@ from tvm.tirx import stmt as tir_stmt
 _LIKELY = tvm.ir.Op.get("prim.likely")
 
 
+def rebuild_loops(stmt: tir_stmt.Stmt, rewrite, enclosing: tuple = ()) -> tir_stmt.Stmt:
+    """The statement with every loop rebuilt bottom-up: `rewrite(loop, enclosing)` gets the loop with
+    its body already rebuilt, and the loops around it, outermost first."""
+    if isinstance(stmt, tir_stmt.SeqStmt):
+        return tir_stmt.SeqStmt([rebuild_loops(child, rewrite, enclosing) for child in stmt.seq])
+    if isinstance(stmt, tir_stmt.IfThenElse):
+        return tir_stmt.IfThenElse(stmt.condition, rebuild_loops(stmt.then_case, rewrite, enclosing),
+                                   None if stmt.else_case is None
+                                   else rebuild_loops(stmt.else_case, rewrite, enclosing))
+    if isinstance(stmt, tir_stmt.AttrStmt):
+        return tir_stmt.AttrStmt(stmt.node, stmt.attr_key, stmt.value, rebuild_loops(stmt.body, rewrite, enclosing))
+    if isinstance(stmt, tir_stmt.While):
+        return tir_stmt.While(stmt.condition, rebuild_loops(stmt.body, rewrite, enclosing))
+    if isinstance(stmt, tir_stmt.For):
+        return rewrite(with_body(stmt, rebuild_loops(stmt.body, rewrite, (*enclosing, stmt))), enclosing)
+    return stmt
+
+
 def shrink_guarded_loops(stmt: tir_stmt.Stmt) -> tir_stmt.Stmt:
     """The statement with every guarded serial loop rewritten to iterate only where the guard holds."""
-    if isinstance(stmt, tir_stmt.SeqStmt):
-        return tir_stmt.SeqStmt([shrink_guarded_loops(child) for child in stmt.seq])
-    if isinstance(stmt, tir_stmt.IfThenElse):
-        return tir_stmt.IfThenElse(stmt.condition, shrink_guarded_loops(stmt.then_case),
-                                   None if stmt.else_case is None else shrink_guarded_loops(stmt.else_case))
-    if isinstance(stmt, tir_stmt.AttrStmt):
-        return tir_stmt.AttrStmt(stmt.node, stmt.attr_key, stmt.value, shrink_guarded_loops(stmt.body))
-    if isinstance(stmt, tir_stmt.While):
-        return tir_stmt.While(stmt.condition, shrink_guarded_loops(stmt.body))
-    if isinstance(stmt, tir_stmt.For):
-        loop = with_body(stmt, shrink_guarded_loops(stmt.body))
-        return _shrink(loop) if loop.kind == tir_stmt.ForKind.SERIAL else loop
-    return stmt
+    return rebuild_loops(stmt, lambda loop, _: _shrink(loop) if loop.kind == tir_stmt.ForKind.SERIAL else loop)
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.ShrinkGuardedLoops")
@@ -46,10 +52,11 @@ def ShrinkGuardedLoops(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:  # noq
     return func.with_body(shrink_guarded_loops(func.body))
 
 
-def with_body(loop: tir_stmt.For, body: tir_stmt.Stmt, min_=None, extent=None) -> tir_stmt.For:
-    """The loop with a new body (and, if given, a new start or trip count), all else kept."""
+def with_body(loop: tir_stmt.For, body: tir_stmt.Stmt, min_=None, extent=None, annotations=None) -> tir_stmt.For:
+    """The loop with a new body (and, if given, a new start, trip count or annotations), all else kept."""
     return tir_stmt.For(loop.loop_var, loop.min if min_ is None else min_, loop.extent if extent is None else extent,
-                        loop.kind, body, loop.thread_binding, loop.annotations, loop.step)
+                        loop.kind, body, loop.thread_binding, loop.annotations if annotations is None else annotations,
+                        loop.step)
 
 
 def _guard(body: tir_stmt.Stmt):

@@ -22,6 +22,7 @@ import numpy as np
 import tvm
 from tvm import s_tir, te, tirx
 
+from tf_dietcode.tuning import prefetch_panel
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.templates import accumulate_locally, activation, dim, vectorize_in_whole_vectors
 from tf_dietcode.tuning.workload import Workload
@@ -112,6 +113,10 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
 
     if not kernel.packed and kernel.task_m > 1:
         copy_panel(sch, block, task, kernel.tile_n)
+    if kernel.prefetch:
+        depth = workload.k.hi
+        prefetch_panel.annotate(sch, i_outer, k_outer, k_inner, depth, kernel.tile_k, kernel.tile_n,
+                                weight_blocks(workload, kernel) * depth * kernel.tile_n, "wp")
     accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), ji, i_inner, middle[0], kernel.task_n == 1)
     return sch.mod
 

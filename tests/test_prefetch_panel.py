@@ -1,0 +1,112 @@
+"""PrefetchNextPanel: prefetching dense kernels ask for the next task's packed panel
+from inside their compute, compute what the same kernels compute without it, and
+are offered only where a task's next panel is the next one in memory."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import sym, tirx
+from tvm.tirx import stmt as tir_stmt
+
+from tf_dietcode.tuning import hardware, measure, templates
+from tf_dietcode.tuning.micro_kernel import MicroKernel, space
+from tf_dietcode.tuning.workload import Workload
+
+HW = hardware.detect()
+FFN_IN = Workload("dense", (1, 2048), 3072, 768, bias=True, activation="gelu_tanh", cold_weight=True)
+SMALL = Workload("dense", (1, 64), 48, 40, bias=True, cold_weight=True)
+PREFETCHING = MicroKernel(tile_m=6, tile_n=16, tile_k=256, task_n=1, k_outer=False, packed=True, task_m=0,
+                          prefetch=True)
+
+
+def _lowered(workload: Workload, kernel: MicroKernel, dims=None) -> tir_stmt.Stmt:
+    """The kernel's body right after our PrefetchNextPanel pass."""
+    seen = {}
+
+    @tvm.instrument.pass_instrument
+    class Grab:
+        def run_after_pass(self, mod, info):
+            seen[info.name] = mod
+
+    with tvm.transform.PassContext(config=measure.PASS_CONFIG, instruments=[Grab()]):
+        tvm.compile(templates.for_workload(workload).schedule(workload, kernel, dims), target=HW.target(),
+                    tir_pipeline=measure.PIPELINE)
+    return seen["tf_dietcode.PrefetchNextPanel"]["main"].body
+
+
+_PREFETCH = tirx.call_llvm_intrin("void", "llvm.prefetch.p0", *[tirx.const(0, "int32")] * 4)
+
+
+def _prefetches_and_loops(body) -> tuple[list, list]:
+    """The prefetch calls and the loops in a lowered body."""
+    calls, loops = [], []
+    tvm_ffi.structural_walk(body, ((tvm.ir.Call, tir_stmt.For), lambda node: (
+        loops if isinstance(node, tir_stmt.For) else calls).append(node)))
+    return [call for call in calls if call.op.same_as(_PREFETCH.op)
+            and int(call.args[0]) == int(_PREFETCH.args[0])], loops
+
+
+def test_prefetching_kernels_ask_for_the_next_panel_from_the_compute_loop():
+    body = _lowered(FFN_IN, PREFETCHING)
+    calls, loops = _prefetches_and_loops(body)
+    # one per cache line of a k row, in each copy of the compute loop (LoopPartition splits off the last row tile)
+    assert calls and len(calls) % (PREFETCHING.tile_n // 16) == 0
+    assert not any(key.startswith("tf_dietcode.prefetch") for loop in loops for key in loop.annotations)
+    # at the first step of every task t, it asks for the first k row of panel t + 1
+    parallel = next(loop for loop in loops if loop.kind == tir_stmt.ForKind.PARALLEL)
+    panel = FFN_IN.k.hi * PREFETCHING.tile_n
+    for task in (0, 5):
+        analyzer = sym.Analyzer()
+        analyzer.bind(parallel.loop_var, tirx.const(task, parallel.loop_var.ty.dtype))
+        for loop in loops:
+            if not loop.loop_var.same_as(parallel.loop_var):
+                analyzer.bind(loop.loop_var, loop.min)
+        indices = [int(analyzer.simplify(call.args[1].args[0].indices[0])) for call in calls]  # address_of(wp[i])
+        assert (task + 1) * panel in indices
+        assert all((task + 1) * panel <= index < (task + 2) * panel for index in indices)  # the next panel only
+
+
+def test_kernels_without_prefetch_ask_for_nothing():
+    calls, _ = _prefetches_and_loops(_lowered(FFN_IN, dataclasses.replace(PREFETCHING, prefetch=False)))
+    assert not calls
+
+
+ONE_TASK = Workload("dense", (1, 20), 24, 16, cold_weight=True)  # one panel: lowering drops the parallel loop
+
+
+@pytest.mark.parametrize("workload, kernel", [(FFN_IN, PREFETCHING),
+                                              (FFN_IN, MicroKernel(4, 24, 768, 1, True, True, 0, prefetch=True)),
+                                              (ONE_TASK, MicroKernel(2, 32, 16, 1, False, True, 0, prefetch=True))],
+                         ids=lambda value: getattr(value, "name", None))
+@pytest.mark.parametrize("static", [False, True], ids=["symbolic", "static"])
+def test_prefetching_kernels_compute_the_layer(workload, kernel, static):
+    rng = np.random.default_rng(7)
+    template = templates.for_workload(workload)
+    symbolic = None if static else measure.compile_kernel(workload, kernel, HW)
+    for m in sorted({1, 7, 13, 97, workload.m.hi} & set(range(1, workload.m.hi + 1))):
+        dims = workload.dims_at((m,))
+        executable = measure.compile_kernel(workload, kernel, HW, dims) if static else symbolic
+        operands = template.random_operands(workload, dims, rng)
+        arguments = template.kernel_arguments(operands, workload, kernel)
+        measure.run(executable, arguments)
+        np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
+                                   rtol=2e-4, atol=2e-4, err_msg=f"M={m}")
+
+
+def test_the_space_offers_prefetch_only_where_the_next_panel_follows():
+    kernels = space(HW, SMALL)
+    prefetching = [k for k in kernels if k.prefetch]
+    assert prefetching
+    assert all(k.packed and k.task_n == 1 and k.task_m == 0 for k in prefetching)
+    assert {dataclasses.replace(k, prefetch=False) for k in prefetching} <= set(kernels)  # each also without
+    for other in (dataclasses.replace(SMALL, cold_weight=False), dataclasses.replace(SMALL, weight_layout="in_place"),
+                  Workload("batch_matmul", (1, 16), 64, (1, 16), b=4, transpose_b=False, ties=("m", "k"))):
+        assert not any(k.prefetch for k in space(HW, other))
+
+
+def test_prefetching_kernels_are_named_apart():
+    assert PREFETCHING.name.endswith("_pf")
+    assert not dataclasses.replace(PREFETCHING, prefetch=False).name.endswith("_pf")

@@ -1,0 +1,102 @@
+"""A TIR pass that prefetches a pre-packed weight's next panel, a little at a time,
+while the current panel is computed.
+
+Why: a model's dense weights come from DRAM (BERT-base's 340 MB outgrow every
+cache). A task of a dense micro-kernel whose tasks split N only (task_m = 0,
+one tile_n block each) walks all its row tiles over one contiguous [K, tile_n]
+panel, and the panels lie in task order, so the panel a thread needs next is
+the next one in memory. Without help, the task's first row tile waits on DRAM
+for its panel and the other row tiles then run from the caches: the stream and
+the compute take turns. The kernels here issue one prefetch of the next panel's
+k rows every EVERY k steps of the compute, spread over all the task's row
+tiles, so the next panel arrives while this one is computed. Cold, interleaved,
+BERT-base's FFN-in `m6_n16_k256_t1_ki_p_rall` ran 1.08-1.29x as fast at
+M = 5..128. Issued at every k step instead, only M <= 21 gained and from
+M = 43 it lost up to 30% (the extra work of each step); issued in a burst per
+row tile, the demand queue stalls the core. Some kernels do not gain (a
+`m4_n24_k768` one ran 0.94-1.04x), so prefetching is a micro-kernel parameter
+the tuner chooses per shape (micro_kernel.MicroKernel.prefetch).
+
+The template marks three loops (`annotate`): the task's row tiles, its K
+blocks and the compute's k loop split into blocks of EVERY steps; the pass
+inserts the prefetch at the head of the last, after its bindings, and drops
+the marks. A loop that lowering removed (one iteration) counts as 0.
+"""
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.tirx import stmt as tir_stmt
+
+from tf_dietcode.tuning.guarded_loops import rebuild_loops, with_body
+
+EVERY = 4  # k steps per prefetch of one k row of the next panel
+ROWS, BLOCKS, STEPS = (f"tf_dietcode.prefetch_{mark}" for mark in ("rows", "k_blocks", "steps"))
+_LINE_FLOATS = 16  # one 64-byte cache line
+
+
+def annotate(sch: s_tir.Schedule, rows, k_blocks, k_steps, k: int, tile_k: int, tile_n: int, weight_floats: int,
+             buffer: str) -> None:
+    """Mark a packed dense kernel's loops for PrefetchNextPanel: `k_steps` (the compute's k loop
+    inside a K block of tile_k) is split into blocks of EVERY steps."""
+    blocks, _ = sch.split(k_steps, [None, EVERY])
+    sch.annotate(rows, ROWS, 1)
+    sch.annotate(k_blocks, BLOCKS, 1)
+    sch.annotate(blocks, STEPS, {"k": k, "tile_k": tile_k, "tile_n": tile_n, "size": weight_floats,
+                                 "buffer": buffer})
+
+
+def _index(loop: tir_stmt.For | None, dtype: str) -> tvm.ir.Expr:
+    """The iteration number of a loop, 0 where lowering removed it (it had one iteration)."""
+    if loop is None:
+        return tirx.const(0, dtype)
+    return tirx.Cast(dtype, loop.loop_var - loop.min)
+
+
+def _prefetches(loop: tir_stmt.For, enclosing: tuple) -> list[tir_stmt.Stmt]:
+    """One prefetch per cache line of the next panel's k row that this block of steps covers."""
+    spec = loop.annotations[STEPS]
+    k, tile_k, tile_n, size = (int(spec[key]) for key in ("k", "tile_k", "tile_n", "size"))
+    marked = {mark: next((outer for outer in enclosing if mark in outer.annotations), None) for mark in (ROWS, BLOCKS)}
+    task = next((outer for outer in enclosing if outer.kind == tir_stmt.ForKind.PARALLEL), None)  # None: one task
+    dtype = "int64"
+    const = lambda value: tirx.const(value, dtype)  # noqa: E731
+    # k rows of the next panel, in the order the task's steps reach them: row tile by row tile,
+    # K block by K block; from EVERY row tiles on, the whole panel has been asked for
+    position = (_index(marked[ROWS], dtype) * const(k // EVERY) + _index(marked[BLOCKS], dtype) * const(tile_k // EVERY)
+                + _index(loop, dtype))
+    row = tirx.min(position, const(k - 1))
+    next_panel = (_index(task, dtype) + const(1)) * const(k * tile_n)
+    buffer = _weight(loop, str(spec["buffer"]))
+    return [tir_stmt.Evaluate(tirx.call_llvm_intrin(
+        "void", "llvm.prefetch.p0",
+        tirx.address_of(tirx.BufferLoad(buffer, [tirx.min(next_panel + row * const(tile_n) + const(line),
+                                                          const(size - 1))])),
+        tirx.const(0, "int32"), tirx.const(3, "int32"), tirx.const(1, "int32")))  # read, all cache levels, data
+        for line in range(0, tile_n, _LINE_FLOATS)]
+
+
+def _weight(loop: tir_stmt.For, name: str) -> tirx.Buffer:
+    """The (flattened) weight buffer the loop reads."""
+    loads = []
+    tvm_ffi.structural_walk(loop.body, (tvm.ir.TensorLoad, loads.append))
+    return next(load.source for load in loads if load.source.name == name)
+
+
+def prefetch_next_panel(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.For:
+    """A marked loop without its mark; a block of steps with its prefetches after its bindings."""
+    marks = [mark for mark in (ROWS, BLOCKS, STEPS) if mark in loop.annotations]
+    if not marks:
+        return loop
+    annotations = {key: value for key, value in loop.annotations.items() if key not in marks}
+    if STEPS not in marks:
+        return with_body(loop, loop.body, annotations=annotations)
+    body = list(loop.body.seq) if isinstance(loop.body, tir_stmt.SeqStmt) else [loop.body]
+    bindings = next((i for i, statement in enumerate(body) if not isinstance(statement, tir_stmt.Bind)), len(body))
+    statements = [*body[:bindings], *_prefetches(loop, enclosing), *body[bindings:]]
+    return with_body(loop, tir_stmt.SeqStmt(statements), annotations=annotations)
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.PrefetchNextPanel")
+def PrefetchNextPanel(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:  # noqa: N802 (TVM pass naming)
+    return func.with_body(rebuild_loops(func.body, prefetch_next_panel))
