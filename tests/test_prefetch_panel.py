@@ -1,6 +1,6 @@
-"""PrefetchNextPanel: prefetching dense kernels ask for the next task's packed panel
-from inside their compute, compute what the same kernels compute without it, and
-are offered only where a task's next panel is the next one in memory."""
+"""PrefetchNextPanel: cold dense kernels whose tasks are one packed panel each ask for
+the next task's panel from inside their compute, and compute what they computed
+without it; other kernels prefetch nothing."""
 
 import dataclasses
 
@@ -12,17 +12,16 @@ from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
 from tf_dietcode.tuning import hardware, measure, templates
-from tf_dietcode.tuning.micro_kernel import MicroKernel, space
+from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.templates import dense
 from tf_dietcode.tuning.workload import Workload
 
 HW = hardware.detect()
 FFN_IN = Workload("dense", (1, 2048), 3072, 768, bias=True, activation="gelu_tanh", cold_weight=True)
-SMALL = Workload("dense", (1, 64), 48, 40, bias=True, cold_weight=True)
-PREFETCHING = MicroKernel(tile_m=6, tile_n=16, tile_k=256, task_n=1, k_outer=False, packed=True, task_m=0,
-                          prefetch=True)
+PREFETCHING = MicroKernel(tile_m=6, tile_n=16, tile_k=256, task_n=1, k_outer=False, packed=True, task_m=0)
 
 
-def _lowered(workload: Workload, kernel: MicroKernel, dims=None) -> tir_stmt.Stmt:
+def _lowered(workload: Workload, kernel: MicroKernel) -> tir_stmt.Stmt:
     """The kernel's body right after our PrefetchNextPanel pass."""
     seen = {}
 
@@ -32,7 +31,7 @@ def _lowered(workload: Workload, kernel: MicroKernel, dims=None) -> tir_stmt.Stm
             seen[info.name] = mod
 
     with tvm.transform.PassContext(config=measure.PASS_CONFIG, instruments=[Grab()]):
-        tvm.compile(templates.for_workload(workload).schedule(workload, kernel, dims), target=HW.target(),
+        tvm.compile(templates.for_workload(workload).schedule(workload, kernel), target=HW.target(),
                     tir_pipeline=measure.PIPELINE)
     return seen["tf_dietcode.PrefetchNextPanel"]["main"].body
 
@@ -50,6 +49,7 @@ def _prefetches_and_loops(body) -> tuple[list, list]:
 
 
 def test_prefetching_kernels_ask_for_the_next_panel_from_the_compute_loop():
+    assert dense.prefetches_next_panel(FFN_IN, PREFETCHING)
     body = _lowered(FFN_IN, PREFETCHING)
     calls, loops = _prefetches_and_loops(body)
     # one per cache line of a k row, in each copy of the compute loop (LoopPartition splits off the last row tile)
@@ -69,8 +69,15 @@ def test_prefetching_kernels_ask_for_the_next_panel_from_the_compute_loop():
         assert all((task + 1) * panel <= index < (task + 2) * panel for index in indices)  # the next panel only
 
 
-def test_kernels_without_prefetch_ask_for_nothing():
-    calls, _ = _prefetches_and_loops(_lowered(FFN_IN, dataclasses.replace(PREFETCHING, prefetch=False)))
+@pytest.mark.parametrize("workload, kernel", [
+    (dataclasses.replace(FFN_IN, cold_weight=False), PREFETCHING),      # the weight stays in the caches
+    (FFN_IN, dataclasses.replace(PREFETCHING, task_n=2)),               # two panels per task
+    (FFN_IN, dataclasses.replace(PREFETCHING, task_m=1)),               # tasks split rows too
+    (FFN_IN, dataclasses.replace(PREFETCHING, packed=False, task_m=1)),  # the weight read in place
+], ids=["warm", "two_panels", "row_tasks", "in_place"])
+def test_other_kernels_ask_for_nothing(workload, kernel):
+    assert not dense.prefetches_next_panel(workload, kernel)
+    calls, _ = _prefetches_and_loops(_lowered(workload, kernel))
     assert not calls
 
 
@@ -78,8 +85,8 @@ ONE_TASK = Workload("dense", (1, 20), 24, 16, cold_weight=True)  # one panel: lo
 
 
 @pytest.mark.parametrize("workload, kernel", [(FFN_IN, PREFETCHING),
-                                              (FFN_IN, MicroKernel(4, 24, 768, 1, True, True, 0, prefetch=True)),
-                                              (ONE_TASK, MicroKernel(2, 32, 16, 1, False, True, 0, prefetch=True))],
+                                              (FFN_IN, MicroKernel(4, 24, 768, 1, True, True, 0)),
+                                              (ONE_TASK, MicroKernel(2, 32, 16, 1, False, True, 0))],
                          ids=lambda value: getattr(value, "name", None))
 @pytest.mark.parametrize("static", [False, True], ids=["symbolic", "static"])
 def test_prefetching_kernels_compute_the_layer(workload, kernel, static):
@@ -94,19 +101,3 @@ def test_prefetching_kernels_compute_the_layer(workload, kernel, static):
         measure.run(executable, arguments)
         np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
                                    rtol=2e-4, atol=2e-4, err_msg=f"M={m}")
-
-
-def test_the_space_offers_prefetch_only_where_the_next_panel_follows():
-    kernels = space(HW, SMALL)
-    prefetching = [k for k in kernels if k.prefetch]
-    assert prefetching
-    assert all(k.packed and k.task_n == 1 and k.task_m == 0 for k in prefetching)
-    assert {dataclasses.replace(k, prefetch=False) for k in prefetching} <= set(kernels)  # each also without
-    for other in (dataclasses.replace(SMALL, cold_weight=False), dataclasses.replace(SMALL, weight_layout="in_place"),
-                  Workload("batch_matmul", (1, 16), 64, (1, 16), b=4, transpose_b=False, ties=("m", "k"))):
-        assert not any(k.prefetch for k in space(HW, other))
-
-
-def test_prefetching_kernels_are_named_apart():
-    assert PREFETCHING.name.endswith("_pf")
-    assert not dataclasses.replace(PREFETCHING, prefetch=False).name.endswith("_pf")

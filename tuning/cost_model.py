@@ -50,8 +50,7 @@ def features(kernel: MicroKernel, hw: Hardware) -> list[float]:
     """What decides a micro-kernel's speed: tile shape, register use, cache footprints,
     loop order, the weight's layout (a packed panel is contiguous; in place, each
     k row of it is a separate stride of N floats, unless the task copies its panel
-    for task_m row tiles), how batch-matmul tasks split the work, and whether the next
-    panel is prefetched."""
+    for task_m row tiles) and how batch-matmul tasks split the work."""
     vectors = kernel.tile_n / hw.vector_lanes
     return [kernel.tile_m, kernel.tile_n, kernel.tile_k, kernel.task_n, float(kernel.k_outer),
             vectors, kernel.tile_m * vectors + vectors + 1,               # registers in use
@@ -59,7 +58,7 @@ def features(kernel: MicroKernel, hw: Hardware) -> list[float]:
             kernel.tile_k * kernel.tile_n * 4 / hw.l1d_bytes,              # weight panel vs L1
             kernel.tile_k * kernel.tile_n * kernel.task_n * 4 / hw.l2_bytes,  # task's panel vs L2
             float(kernel.tile_n % (2 * hw.vector_lanes) == 0), float(kernel.packed), kernel.task_m,
-            float(kernel.whole_batch), float(kernel.prefetch)]
+            float(kernel.whole_batch)]
 
 
 class CostModel:

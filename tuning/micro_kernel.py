@@ -23,7 +23,6 @@ class MicroKernel:
     packed: bool = False  # dense: weight pre-packed in tile_n blocks (True) or read in place as w[K, N]
     task_m: int = 1  # row tiles per parallel task; 0: every row tile (tasks split N only); see _row_tiles_per_task
     whole_batch: bool = False  # batch matmul: a task is a whole batch, its column tasks in turn; see _batch_tasks
-    prefetch: bool = False  # dense: the compute prefetches the next task's packed panel; see _prefetch_options
 
     @property
     def name(self) -> str:
@@ -31,8 +30,7 @@ class MicroKernel:
         layout = "_p" if self.packed else ""
         rows = "_rall" if self.task_m == 0 else f"_r{self.task_m}" if self.task_m > 1 else ""
         batch = "_b" if self.whole_batch else ""
-        prefetch = "_pf" if self.prefetch else ""
-        return f"m{self.tile_m}_n{self.tile_n}_k{self.tile_k}_t{self.task_n}_{order}{layout}{rows}{batch}{prefetch}"
+        return f"m{self.tile_m}_n{self.tile_n}_k{self.tile_k}_t{self.task_n}_{order}{layout}{rows}{batch}"
 
 
 def _register_tiles(hw: Hardware):
@@ -97,16 +95,6 @@ def _batch_tasks(workload: Workload, tile_n: int, task_n: int) -> tuple[bool, ..
     return (False, True)
 
 
-def _prefetch_options(workload: Workload, task_n: int, packed: bool, task_m: int) -> tuple[bool, ...]:
-    """prefetch values. A dense layer whose weight comes from DRAM (`cold_weight`), pre-packed,
-    with tasks of one panel each (task_n = 1, task_m = 0), may prefetch the next task's
-    panel during its compute (tuning/prefetch_panel.py): the next panel in memory is the
-    one a thread computes next."""
-    if workload.kind != "dense" or not workload.cold_weight or not packed or task_n != 1 or task_m != 0:
-        return (False,)
-    return (False, True)
-
-
 def space(hw: Hardware, workload: Workload) -> list[MicroKernel]:
     """Every micro-kernel the hardware admits for this workload (sizes from hardware limits)."""
     micro_kernels = []
@@ -116,9 +104,7 @@ def space(hw: Hardware, workload: Workload) -> list[MicroKernel]:
         for tile_k, packed in itertools.product(_k_blocks(hw, workload, tile_n),
                                                 _weight_layouts(workload, tile_n, task_n)):
             if tile_k * tile_n * task_n * 4 <= hw.l2_bytes:
-                micro_kernels += [MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer, packed, task_m, whole_batch,
-                                              prefetch)
+                micro_kernels += [MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer, packed, task_m, whole_batch)
                                   for task_m in _row_tiles_per_task(hw, workload, tile_n, task_n, packed)
-                                  for whole_batch in _batch_tasks(workload, tile_n, task_n)
-                                  for prefetch in _prefetch_options(workload, task_n, packed, task_m)]
+                                  for whole_batch in _batch_tasks(workload, tile_n, task_n)]
     return micro_kernels

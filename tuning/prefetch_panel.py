@@ -10,12 +10,11 @@ for its panel and the other row tiles then run from the caches: the stream and
 the compute take turns. The kernels here issue one prefetch of the next panel's
 k rows every EVERY k steps of the compute, spread over all the task's row
 tiles, so the next panel arrives while this one is computed. Cold, interleaved,
-BERT-base's FFN-in `m6_n16_k256_t1_ki_p_rall` ran 1.08-1.29x as fast at
-M = 5..128. Issued at every k step instead, only M <= 21 gained and from
-M = 43 it lost up to 30% (the extra work of each step); issued in a burst per
-row tile, the demand queue stalls the core. Some kernels do not gain (a
-`m4_n24_k768` one ran 0.94-1.04x), so prefetching is a micro-kernel parameter
-the tuner chooses per shape (micro_kernel.MicroKernel.prefetch).
+the same kernels with and without it: BERT-base's FFN-in `m6_n16_k256_t1_ki_p_rall`
+ran 1.08-1.23x as fast at M = 1..128, `m4_n24_k768_t1_ko_p_rall` 1.02-1.37x and
+the FFN-out's `m6_n16_k512_t1_ki_p_rall` 1.06-1.32x; at M = 512 within noise.
+Issued at every k step instead (a check per step), only M <= 21 gained and from
+M = 43 it lost up to 30%. Which kernels do it: templates.dense.prefetches_next_panel.
 
 The template marks three loops (`annotate`): the task's row tiles, its K
 blocks and the compute's k loop split into blocks of EVERY steps; the pass

@@ -19,8 +19,9 @@ import importlib
 # 11: write-backs split at their bounds too; 12: fetches copy inside the bounds, zero only the reduction's padding;
 # 13: guarded loops stop at their bounds (guarded_loops), batch matmul's x tile on the stack;
 # 14: dense rows past M read x's last row in place instead of a fetched local tile;
-# 15: scratch tiles allocated once per parallel task, not per iteration: task_scratch).
-TEMPLATES_VERSION = 15
+# 15: scratch tiles allocated once per parallel task, not per iteration: task_scratch;
+# 16: cold dense kernels with one-panel tasks prefetch the next panel: prefetch_panel).
+TEMPLATES_VERSION = 16
 
 import functools
 
