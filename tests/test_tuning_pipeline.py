@@ -206,6 +206,23 @@ def test_dispatch_tree_keeps_small_shapes_when_leaves_run_short():
     assert [chosen.kernels[chosen.kernel_index(WORKLOAD.dims_at((m,)))] for m in (1, 2)] == [small, small]
 
 
+def test_the_weight_layout_is_chosen_with_every_doubling_weighed_alike():
+    """Layout A's kernel is 4x as fast at M <= 30, layout B's 1.1x as fast above: by total
+    time the large sizes would pick B; weighed as the tree weighs shapes, A wins."""
+    a, b = MicroKernel(1, 16, 32, 1, True, packed=True), MicroKernel(1, 32, 32, 1, True, packed=True)
+    assert templates.dense.weight_layout(WORKLOAD, a) != templates.dense.weight_layout(WORKLOAD, b)
+    shapes = [(m,) for m in range(1, WORKLOAD.m.hi + 1)]
+    gflops = {a: lambda m: 40.0 if m <= 30 else 10.0, b: lambda m: 10.0 if m <= 30 else 11.0}
+    records = [Measurement(k, s, WORKLOAD.flops(WORKLOAD.dims_at(s)) / (gflops[k](s[0]) * 1e9))
+               for k in (a, b) for s in shapes]
+    total = {k: sum(WORKLOAD.flops(WORKLOAD.dims_at(s)) / gflops[k](s[0]) for s in shapes) for k in (a, b)}
+    assert total[b] < total[a]
+    model = cost_model.CostModel(WORKLOAD, HW)
+    model.k = 0.0
+    chosen = dispatch.build_dispatch(search.SearchResult(WORKLOAD, shapes, records, model))
+    assert chosen.kernels == [a]
+
+
 def test_shape_weights_halve_with_each_doubling():
     np.testing.assert_allclose(dispatch.shape_weights([(1,), (2,), (4,)]), [1, 1 / 2, 1 / 4])
     np.testing.assert_allclose(dispatch.shape_weights([(3, 5), (2, 2)]), [1 / 15, 1 / 4])
