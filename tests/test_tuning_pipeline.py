@@ -207,16 +207,18 @@ def test_dispatch_tree_keeps_small_shapes_when_leaves_run_short():
 
 
 def test_the_weight_layout_is_chosen_with_every_doubling_weighed_alike():
-    """Layout A's kernel is 4x as fast at M <= 30, layout B's 1.1x as fast above: by total
-    time the large sizes would pick B; weighed as the tree weighs shapes, A wins."""
+    """Layout A's kernel is 4x as fast at M <= 10, layout B's 1.1x as fast above: by total
+    time, or with every size counted once, the many large sizes would pick B; with every
+    doubling weighed alike, as the tree weighs shapes, A wins."""
     a, b = MicroKernel(1, 16, 32, 1, True, packed=True), MicroKernel(1, 32, 32, 1, True, packed=True)
     assert templates.dense.weight_layout(WORKLOAD, a) != templates.dense.weight_layout(WORKLOAD, b)
     shapes = [(m,) for m in range(1, WORKLOAD.m.hi + 1)]
-    gflops = {a: lambda m: 40.0 if m <= 30 else 10.0, b: lambda m: 10.0 if m <= 30 else 11.0}
+    gflops = {a: lambda m: 40.0 if m <= 10 else 10.0, b: lambda m: 10.0 if m <= 10 else 11.0}
     records = [Measurement(k, s, WORKLOAD.flops(WORKLOAD.dims_at(s)) / (gflops[k](s[0]) * 1e9))
                for k in (a, b) for s in shapes]
     total = {k: sum(WORKLOAD.flops(WORKLOAD.dims_at(s)) / gflops[k](s[0]) for s in shapes) for k in (a, b)}
-    assert total[b] < total[a]
+    per_size = {k: sum(1 / gflops[k](s[0]) for s in shapes) for k in (a, b)}
+    assert total[b] < total[a] and per_size[b] < per_size[a]
     model = cost_model.CostModel(WORKLOAD, HW)
     model.k = 0.0
     chosen = dispatch.build_dispatch(search.SearchResult(WORKLOAD, shapes, records, model))

@@ -91,16 +91,15 @@ def build_dispatch(result: SearchResult) -> Dispatch:
         layouts.setdefault(tuple(dense.weight_layout(workload, kernel).items()), []).append(kernel)
 
     by_kernel = dict(zip(measured, calibrated_gflops(result.measurements, model, measured, shapes)))
-    flops = workload.flops(dims)
     weights = shape_weights(shapes)
 
     def votes(kernels):
-        """(the layout's weighted time, each shape's best kernel, its GFLOP/s). Unweighted, the
-        largest sizes' time decided the layout: a quick tuning of BERT-base (M = 1..2048) gave
-        its 768 x 768 layer the one kernel of the layout best at M = 2048, 0.74x of the other
-        layout's best at M = 13 and 0.95x at M = 161."""
+        """(the layout's cost: each shape's time per FLOP, weighed as the tree weighs the shape;
+        each shape's best kernel; its GFLOP/s). By total time the largest sizes decided the
+        layout: a quick tuning of BERT-base (M = 1..2048) gave its 768 x 768 layer the one
+        kernel of the layout best at M = 2048, 0.74x of the other layout's best at M = 13."""
         gflops = np.array([by_kernel[k] for k in kernels])
-        return sum(weights * flops / (gflops.max(axis=0) * 1e9)), gflops.argmax(axis=0), gflops.max(axis=0)
+        return sum(weights / gflops.max(axis=0)), gflops.argmax(axis=0), gflops.max(axis=0)
 
     layout = min(layouts, key=lambda key: votes(sorted(layouts[key]))[0])
     kernels = sorted(layouts[layout])
