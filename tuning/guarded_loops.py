@@ -59,10 +59,14 @@ def with_body(loop: tir_stmt.For, body: tir_stmt.Stmt, min_=None, extent=None, a
                         loop.step)
 
 
+def statements(body: tir_stmt.Stmt) -> list[tir_stmt.Stmt]:
+    """A lowered body as a list of statements (a SeqStmt's children, or the body alone)."""
+    return list(body.seq) if isinstance(body, tir_stmt.SeqStmt) else [body]
+
+
 def _guard(body: tir_stmt.Stmt):
     """(bindings, the if) where the body is `Bind*; if cond: ...` with no else, else None."""
-    statements = list(body.seq) if isinstance(body, tir_stmt.SeqStmt) else [body]
-    *bindings, last = statements
+    *bindings, last = statements(body)
     if (isinstance(last, tir_stmt.IfThenElse) and last.else_case is None
             and all(isinstance(binding, tir_stmt.Bind) for binding in bindings)):
         return bindings, last
@@ -99,7 +103,8 @@ def _safe_anywhere(expr) -> bool:
     return False
 
 
-def _uses(expr, variables) -> bool:
+def uses(expr, variables) -> bool:
+    """Whether expr reads any of `variables`."""
     return any(used.same_as(var) for used in tvm.tirx.analysis.undefined_vars(expr, []) for var in variables)
 
 
@@ -134,10 +139,10 @@ def _shrink(loop: tir_stmt.For) -> tir_stmt.Stmt:
     terms, hoisted, kept = _terms(branch.condition), [], []
     for term in terms:
         expanded = analyzer.simplify(term)
-        if _uses(expanded, inner) or not _safe_anywhere(expanded):
+        if uses(expanded, inner) or not _safe_anywhere(expanded):
             bound = None
         else:
-            bound = _bound(expanded, var) if _uses(expanded, [var]) else ("", expanded)
+            bound = _bound(expanded, var) if uses(expanded, [var]) else ("", expanded)
         if bound is None:
             kept.append(term)
         elif bound[0] == "upper":

@@ -27,7 +27,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import rebuild_loops, with_body
+from tf_dietcode.tuning.guarded_loops import rebuild_loops, statements, with_body
 
 EVERY = 4  # k steps per prefetch of one k row of the next panel
 ROWS, BLOCKS, STEPS = (f"tf_dietcode.prefetch_{mark}" for mark in ("rows", "k_blocks", "steps"))
@@ -90,10 +90,10 @@ def prefetch_next_panel(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.For:
     annotations = {key: value for key, value in loop.annotations.items() if key not in marks}
     if STEPS not in marks:
         return with_body(loop, loop.body, annotations=annotations)
-    body = list(loop.body.seq) if isinstance(loop.body, tir_stmt.SeqStmt) else [loop.body]
+    body = statements(loop.body)
     bindings = next((i for i, statement in enumerate(body) if not isinstance(statement, tir_stmt.Bind)), len(body))
-    statements = [*body[:bindings], *_prefetches(loop, enclosing), *body[bindings:]]
-    return with_body(loop, tir_stmt.SeqStmt(statements), annotations=annotations)
+    with_prefetches = [*body[:bindings], *_prefetches(loop, enclosing), *body[bindings:]]
+    return with_body(loop, tir_stmt.SeqStmt(with_prefetches), annotations=annotations)
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.PrefetchNextPanel")

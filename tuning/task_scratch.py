@@ -20,9 +20,8 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
-from tvm.tirx.analysis import undefined_vars
 
-from tf_dietcode.tuning.guarded_loops import with_body
+from tf_dietcode.tuning.guarded_loops import statements, uses, with_body
 
 LAUNCH_POINT = "pragma_parallel_launch_point"  # codegen_cpu.cc: the parallel tasks start here
 
@@ -32,10 +31,9 @@ def allocate_per_task(loop: tir_stmt.For) -> tir_stmt.Stmt:
     or the loop unchanged when it allocates nothing at its head."""
     if loop.kind != tir_stmt.ForKind.PARALLEL:
         return loop
-    statements = list(loop.body.seq) if isinstance(loop.body, tir_stmt.SeqStmt) else [loop.body]
     per_iteration = [loop.loop_var]  # vars whose value may change from one iteration to the next
     hoisted, kept = [], []
-    for statement in statements:
+    for statement in statements(loop.body):
         if _invariant(statement, per_iteration):
             hoisted.append(statement)
         else:
@@ -58,9 +56,7 @@ def _invariant(statement: tir_stmt.Stmt, per_iteration: list[tirx.Var]) -> bool:
         expressions = list(statement.buffer.shape)
     else:
         return False
-    used = [var for expression in expressions for var in undefined_vars(expression, [])]
-    return all(_arithmetic(expression) for expression in expressions) and not any(
-        var.same_as(changing) for var in used for changing in per_iteration)
+    return all(_arithmetic(expression) and not uses(expression, per_iteration) for expression in expressions)
 
 
 def _arithmetic(expression: tvm.ir.Expr) -> bool:
