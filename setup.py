@@ -59,7 +59,10 @@ class BuildOpLibrary(build_ext):
             # BoringSSL's SHA-256, which libtensorflow_framework exports.
             "-I" + str(pathlib.Path(tf.sysconfig.get_include()) / "external" / "boringssl" / "src" / "include"),
             f'-DTF_DIETCODE_TVM_VERSION="{tvm.__version__}"',
-            "-O3", "-march=native", "-DNDEBUG", "-fPIC", "-fvisibility=hidden",
+            # Without -mno-avx512fp16, g++ 12 cannot compile the Eigen in TF's
+            # headers on CPUs with AVX512-FP16 (Sapphire Rapids and later):
+            # its PacketMathFP16.h fails to parse. The op library has no fp16 code.
+            "-O3", "-march=native", "-mno-avx512fp16", "-DNDEBUG", "-fPIC", "-fvisibility=hidden",
             "-Wno-deprecated-declarations",
             *shlex.split(os.environ.get("TF_DIETCODE_CXXFLAGS", "")),
         ]
