@@ -20,7 +20,7 @@ WORKLOADS = [
     Workload("dense", (1, 64), 48, 40, bias=True, activation="gelu", weight_layout="in_place"),
     Workload("dense", (1, 32), 24, 17, weight_layout="in_place"),            # in place, prime K
     Workload("batch_matmul", (1, 40), (1, 40), 16, b=6, ties=("m", "n")),           # scores: q k^T
-    Workload("batch_matmul", (1, 40), 16, (1, 40), b=6, transpose_b=False, ties=("m", "k")),  # probs v
+    Workload("batch_matmul", (1, 40), 32, (1, 40), b=6, transpose_b=False, ties=("m", "k")),  # probs v
     Workload("batch_matmul", (0, 9), (1, 23), (2, 13), b=(1, 3), transpose_b=False),  # all dynamic
     Workload("batch_matmul", (1, 40), (1, 40), 16, b=(2, 6), bias=True, ties=("m", "n")),  # scores + mask
 ]
@@ -85,14 +85,16 @@ def test_column_tasks_run_every_row_tile(rng):
     """task_m = 0 with a packed weight: the only parallel loop is over column tasks
     (each panel read by one core for every row tile), right at every shape."""
     workload = WORKLOADS[0]
-    kernel = micro_kernel.MicroKernel(3, 8, 48, 1, False, packed=True, task_m=0)
+    lanes = hardware.detect().vector_lanes
+    kernel = micro_kernel.MicroKernel(3, lanes, 48, 1, False, packed=True, task_m=0)
     assert kernel in micro_kernel.space(hardware.detect(), workload)
     sch = s_tir.Schedule(dense.schedule(workload, kernel))
     loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(f"{dense.COMPUTE_BLOCK}_update"))]
     assert [loop.kind for loop in loops].count(tirx.ForKind.PARALLEL) == 1
-    assert loops[0].kind == tirx.ForKind.PARALLEL and int(loops[0].extent) == 5  # 40 columns / 8
-    assert dense.task_count(workload, kernel, {"m": 64}) == 5
-    assert dense.computed_elements(workload, kernel, {"m": 64}) == 66 * 40  # rows padded to 3
+    panels = -(-40 // lanes)  # 40 columns: 5 panels of 8 (AVX2), 3 of 16 (AVX-512)
+    assert loops[0].kind == tirx.ForKind.PARALLEL and int(loops[0].extent) == panels
+    assert dense.task_count(workload, kernel, {"m": 64}) == panels
+    assert dense.computed_elements(workload, kernel, {"m": 64}) == 66 * panels * lanes  # rows padded to 3
     assert_right_at_edge_shapes(workload, kernel, rng)
 
 
@@ -101,7 +103,7 @@ def test_whole_batch_tasks_run_their_column_tasks_in_turn(rng, workload):
     """whole_batch: the only parallel loop is over the batch (B * H), each task running
     every column task with its own y panel, right at every shape; the space offers
     it only where N spans more than one column task."""
-    kernel = micro_kernel.MicroKernel(2, 8, 16, 1, True, whole_batch=True)
+    kernel = micro_kernel.MicroKernel(2, hardware.detect().vector_lanes, 16, 1, True, whole_batch=True)
     space = micro_kernel.space(hardware.detect(), workload)
     assert kernel in space
     assert all(not k.whole_batch for k in space if k.tile_n * k.task_n >= workload.n.hi)
