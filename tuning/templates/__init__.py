@@ -20,8 +20,9 @@ import importlib
 # 13: guarded loops stop at their bounds (guarded_loops), batch matmul's x tile on the stack;
 # 14: dense rows past M read x's last row in place instead of a fetched local tile;
 # 15: scratch tiles allocated once per parallel task, not per iteration: task_scratch;
-# 16: cold dense kernels with one-panel tasks prefetch the next panel: prefetch_panel).
-TEMPLATES_VERSION = 16
+# 16: cold dense kernels with one-panel tasks prefetch the next panel: prefetch_panel;
+# 17: a tile's padding along a dynamic reduction is zeroed once per task: task_scratch).
+TEMPLATES_VERSION = 17
 
 import functools
 
@@ -31,6 +32,8 @@ from tvm.s_tir.stmt import SBlockRealize
 from tvm.tirx.analysis import undefined_vars
 from tvm.sym import Analyzer
 from tvm.sym.analyzer import ProofStrength
+
+from tf_dietcode.tuning import task_scratch
 
 
 def for_workload(workload):
@@ -103,8 +106,8 @@ def copy_inside_bounds(sch: s_tir.Schedule, fetch, loop, reduction_axis: int) ->
     bound = next((term for term in conjunction_terms(block.body.value.args[0])
                   if any(var.same_as(reduction) for var in undefined_vars(term, []))), None)  # None: K not padded
     loops = sch.get_loops(fetch)
-    first_fetch_loop = loops[[sch.get(outer).same_as(sch.get(loop)) for outer in loops].index(True) + 1]
-    zero = sch.decompose_padding(fetch, first_fetch_loop)
+    depth = [sch.get(outer).same_as(sch.get(loop)) for outer in loops].index(True) + 1  # the fetch's first loop
+    zero = sch.decompose_padding(fetch, loops[depth])
     past_bound = tirx.const(False, "bool")
     if bound is not None:
         in_zero_fill = Analyzer()  # the fill's iteration axes follow the fetch's
@@ -112,6 +115,7 @@ def copy_inside_bounds(sch: s_tir.Schedule, fetch, loop, reduction_axis: int) ->
         for var, value in zip(block.iter_vars, realize.iter_values, strict=True):
             in_zero_fill.bind(var.var, value)
         past_bound = tirx.likely(in_zero_fill.simplify(bound.a >= bound.b))
+        sch.annotate(sch.get_loops(zero)[depth], task_scratch.PADDING_FILL, 1)  # the fill's first loop
     set_predicate(sch, sch.get_loops(zero)[-1], past_bound)
 
 
