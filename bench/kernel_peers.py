@@ -69,8 +69,12 @@ def measure(quick: bool, out: pathlib.Path) -> list[dict]:
         first_call, xla_output = xla_first_call(workload.tensorflow, inputs)
         outputs = {"dietcode_generic": workload.dietcode(*inputs).numpy(), "xla": xla_output,
                    "onnxruntime": ort_call()}
+        # Float32 sums of K products differ in their last bits with the summation order, by an
+        # amount that scales with the terms, not with the sum: near-zero outputs of a
+        # K = 3072 product whose outputs reach 100 differed from TF's by 1.1e-4.
+        scale = max(float(np.abs(expected).max(initial=0.0)), 1.0)
         for peer, tolerance in TOLERANCE.items():
-            np.testing.assert_allclose(outputs[peer], expected, rtol=tolerance, atol=tolerance,
+            np.testing.assert_allclose(outputs[peer], expected, rtol=tolerance, atol=tolerance * scale,
                                        err_msg=f"{peer} {workload.name} T={t}")
         seconds = {"tensorflow": in_graph_timing.seconds_per_call(workload.tensorflow, inputs),
                    "dietcode_generic": in_graph_timing.seconds_per_call(workload.dietcode, inputs),
