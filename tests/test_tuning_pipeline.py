@@ -2,7 +2,6 @@
 (tree and its C form), database, runner failures, and a checked bundle."""
 
 import ctypes
-import dataclasses
 import gc
 import hashlib
 import json
@@ -44,15 +43,6 @@ class FormulaRunner:
     def run(self, workload, kernels, ms, seed=0, best=None):
         self.measured.extend(kernels)
         return [Measurement(k, s, synthetic_seconds(k, s, workload=workload)) for k in kernels for s in ms]
-
-
-def test_weights_count_as_cached_up_to_the_cores_share_of_the_last_level_cache():
-    """sysfs reports the socket's whole L3 (in a VM, the host's); a process counts only on its cores' share."""
-    vm = dataclasses.replace(HW, cores=2, l3_bytes=480 << 20)  # session 30's Xeon VM
-    assert vm.usable_l3_bytes == 8 << 20
-    assert vm.holds_in_cache(8 << 20) and not vm.holds_in_cache(324 << 20)  # BERT-base's dense weights
-    small_cache = dataclasses.replace(HW, cores=16, l3_bytes=32 << 20)
-    assert small_cache.usable_l3_bytes == 32 << 20
 
 
 def test_occupancy_and_padding_factors():

@@ -247,8 +247,8 @@ class Converter:
         if hw.holds_in_cache(weight_bytes):
             return False
         self.report.notes.append(f"dense weights of {weight_bytes / 2**20:.1f} MiB per call outgrow the "
-                                 f"{hw.usable_l3_bytes / 2**20:.1f} MiB of last-level cache this process can count on: "
-                                 "kernels are timed with their weights read from DRAM")
+                                 f"{hw.l3_bytes / 2**20:.1f} MiB last-level cache: kernels are timed with "
+                                 "their weights read from DRAM")
         return True
 
     def save(self, output_saved_model_dir: str | pathlib.Path, *, overwrite: bool = False) -> Report:

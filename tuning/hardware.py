@@ -12,7 +12,6 @@ import pathlib
 from tf_dietcode import cpu_features
 
 CACHE_DIR = pathlib.Path("/sys/devices/system/cpu/cpu0/cache")
-L3_BYTES_PER_CORE = 4 << 20  # a server core's share of L3: 4 MiB on AMD Zen 2-4, 1.9-5 MiB on Xeons
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,18 +25,10 @@ class Hardware:
     cores: int
     l3_bytes: int = 32 << 20  # the last-level cache
 
-    @property
-    def usable_l3_bytes(self) -> int:
-        """The part of the last-level cache this process can count on keeping its data in.
-        sysfs reports the whole cache, shared with every core of the socket (in a VM, the
-        host's: 480 MiB on session 30's 2-core Xeon VM, where BERT-base's 324 MiB of weights
-        streamed from DRAM at every call), so count at most L3_BYTES_PER_CORE per core."""
-        return min(self.l3_bytes, self.cores * L3_BYTES_PER_CORE)
-
     def holds_in_cache(self, weight_bytes: int) -> bool:
         """Whether weights of this size stay cached from one call of a model to the next;
         where they do not, each call streams them from DRAM (Workload.cold_weight)."""
-        return weight_bytes <= self.usable_l3_bytes
+        return weight_bytes <= self.l3_bytes
 
     def target(self):
         """The TVM LLVM target for this machine."""
