@@ -40,10 +40,10 @@ def truncate_manifest(directory):
 
 
 def lacking_feature():
+    """A flag this CPU lacks: one the tuner records, or where it has them all (a Xeon with
+    AVX-512 and AMX), Arm's SVE, which no x86 /proc/cpuinfo lists."""
     missing = sorted(cpu_features.SIMD_FLAGS - set(cpu_features.simd_features()))
-    if not missing:
-        pytest.skip("this CPU has every SIMD feature the tuner records")
-    return missing[0]
+    return missing[0] if missing else "sve"
 
 
 CORRUPTIONS = {
