@@ -85,9 +85,10 @@ def test_column_tasks_run_every_row_tile(rng):
     """task_m = 0 with a packed weight: the only parallel loop is over column tasks
     (each panel read by one core for every row tile), right at every shape."""
     workload = WORKLOADS[0]
-    lanes = hardware.detect().vector_lanes
+    hw = hardware.detect()
+    lanes = hw.vector_lanes
     kernel = micro_kernel.MicroKernel(3, lanes, 48, 1, False, packed=True, task_m=0)
-    assert kernel in micro_kernel.space(hardware.detect(), workload)
+    assert kernel in micro_kernel.space(hw, workload)
     sch = s_tir.Schedule(dense.schedule(workload, kernel))
     loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(f"{dense.COMPUTE_BLOCK}_update"))]
     assert [loop.kind for loop in loops].count(tirx.ForKind.PARALLEL) == 1
@@ -103,8 +104,9 @@ def test_whole_batch_tasks_run_their_column_tasks_in_turn(rng, workload):
     """whole_batch: the only parallel loop is over the batch (B * H), each task running
     every column task with its own y panel, right at every shape; the space offers
     it only where N spans more than one column task."""
-    kernel = micro_kernel.MicroKernel(2, hardware.detect().vector_lanes, 16, 1, True, whole_batch=True)
-    space = micro_kernel.space(hardware.detect(), workload)
+    hw = hardware.detect()
+    kernel = micro_kernel.MicroKernel(2, hw.vector_lanes, 16, 1, True, whole_batch=True)
+    space = micro_kernel.space(hw, workload)
     assert kernel in space
     assert all(not k.whole_batch for k in space if k.tile_n * k.task_n >= workload.n.hi)
     sch = s_tir.Schedule(templates.for_workload(workload).schedule(workload, kernel))

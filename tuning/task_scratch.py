@@ -60,7 +60,7 @@ def allocate_per_task(loop: tir_stmt.For) -> tir_stmt.Stmt:
     if not tiles:
         return loop
     fills = []
-    body = _take_fills(_sequence(kept), _Scope(tiles, per_iteration), fills)
+    body = _take_fills(_sequence(kept), _Scope(tiles, per_iteration), fills) or _sequence([])
     parallel = with_body(loop, body)
     return tir_stmt.AttrStmt(loop.loop_var, LAUNCH_POINT, tirx.const(1, "int32"),
                              tir_stmt.SeqStmt([*hoisted, *fills, parallel]))
