@@ -148,6 +148,26 @@ def test_static_compile_matches_symbolic(rng, workload, shape):
     np.testing.assert_allclose(*outputs, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("workload", [WORKLOADS[8], WORKLOADS[11]], ids=ids)
+def test_batch_matmul_nt_fetches_its_y_tile_where_nothing_is_padded(rng, workload):
+    """NT's y tile, transposed to [K, columns], is part of the micro-kernel: a static
+    build whose shape divides every tile fetches it as the symbolic build does,
+    instead of reading y in place as gathered vectors, and computes the same result."""
+    hw = hardware.detect()
+    kernel = micro_kernel.MicroKernel(2, hw.vector_lanes, 16, 1, True)
+    assert kernel in micro_kernel.space(hw, workload)
+    dims = workload.dims_at((2 * hw.vector_lanes,))
+    template = templates.for_workload(workload)
+    sch = s_tir.Schedule(template.schedule(workload, kernel, dims))
+    reads = {str(region.source) for region in sch.get(sch.get_sblock(f"{template.COMPUTE_BLOCK}_update")).reads}
+    assert "y" not in reads and len(reads) == 3, reads  # the accumulator, x and the fetched y tile
+    operands = template.random_operands(workload, dims, rng)
+    arguments = template.kernel_arguments(operands, workload, kernel)
+    measure.run(measure.compile_kernel(workload, kernel, hw, dims), arguments)
+    np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_weight_layouts_of_the_space():
     """A dense space holds both weight layouts unless the workload fixes one; a weight
     read in place is never padded, so its tasks split N exactly, and its tasks may run

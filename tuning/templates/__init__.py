@@ -21,8 +21,9 @@ import importlib
 # 14: dense rows past M read x's last row in place instead of a fetched local tile;
 # 15: scratch tiles allocated once per parallel task, not per iteration: task_scratch;
 # 16: cold dense kernels with one-panel tasks prefetch the next panel: prefetch_panel;
-# 17: a tile's padding along a dynamic reduction is zeroed once per task: task_scratch).
-TEMPLATES_VERSION = 17
+# 17: a tile's padding along a dynamic reduction is zeroed once per task: task_scratch;
+# 18: batch matmul NT fetches its y tile where nothing is padded too).
+TEMPLATES_VERSION = 18
 
 import functools
 
@@ -63,21 +64,25 @@ def optional_block(sch: s_tir.Schedule, name: str):
         return None
 
 
-def fetch_into_local(sch: s_tir.Schedule, name: str, loop, reduction_axis: int, layout=None, scope: str = "local"):
-    """Local padding, input side: the padded copy `name` becomes a tile private
-    to each task, laid out by the index map `layout` where one is given,
-    fetched once per iteration of `loop` by copy_inside_bounds (its iteration
-    axis `reduction_axis` runs along the reduction). scope "local": a
+def fetch_into_local(sch: s_tir.Schedule, fetch, loop, reduction_axis: int, layout=None, scope: str = "local"):
+    """Local padding, input side: the copy `fetch` (pad_einsum's padded copy, or
+    a plain cache_read where nothing is padded) becomes a tile private to each
+    task, laid out by the index map `layout` where one is given, fetched once
+    per iteration of `loop`; a padded copy goes through copy_inside_bounds (its
+    iteration axis `reduction_axis` runs along the reduction). scope "local": a
     64-byte-aligned workspace allocation per task (for tiles read as vectors);
     "global": on the stack where under 1 KiB (see accumulate_locally)."""
-    block = optional_block(sch, name)
-    if block is not None:
-        sch.compute_at(block, loop)
-        sch.set_scope(block, 0, scope)
-        if layout is not None:
-            sch.transform_layout(block, ("write", 0), layout)
-        copy_inside_bounds(sch, block, loop, reduction_axis)
-    return block
+    sch.compute_at(fetch, loop)
+    sch.set_scope(fetch, 0, scope)
+    if layout is not None:
+        sch.transform_layout(fetch, ("write", 0), layout)
+    if _selects(sch.get(fetch).body.value):
+        copy_inside_bounds(sch, fetch, loop, reduction_axis)
+
+
+def _selects(value) -> bool:
+    """Whether a copy's value is pad_einsum's "inside ? load : 0"."""
+    return isinstance(value, tvm.ir.expr.Call) and value.op.same_as(tvm.ir.Op.get("prim.if_then_else"))
 
 
 def copy_inside_bounds(sch: s_tir.Schedule, fetch, loop, reduction_axis: int) -> None:
