@@ -19,11 +19,10 @@ namespace {
 thread_local const tensorflow::DeviceBase::CpuWorkerThreads* intra_op_pool =
     nullptr;
 
-// One parallel launch, shared by the launching thread and the pool closures
-// it schedules: whoever comes first claims the next task. A closure that
-// wakes after every task is claimed finds nothing to do and only drops its
-// reference, so the launcher never waits for a sleeping thread to wake (it
-// takes ~10 us) when it can run the remaining tasks itself sooner.
+// One parallel launch, shared by the pool closures that run it (and a
+// launcher that runs tasks too): whoever comes first claims the next task. A
+// closure that wakes after every task is claimed finds nothing to do and only
+// drops its reference.
 struct Launch {
   Launch(FTVMParallelLambda flambda, void* cdata, int tasks)
       : flambda(flambda), cdata(cdata), env{nullptr, tasks}, unfinished(tasks) {}
@@ -47,17 +46,25 @@ struct Launch {
 // TVM's parallel-launch contract: run flambda(task, env, cdata) for every
 // task < env.num_task, return when all are done: 0, or -1 if any failed.
 // One task per intra-op thread, as the kernels were tuned (TVM's pool also
-// splits a parallel loop into one chunk per thread).
+// splits a parallel loop into one chunk per thread). The tasks run on the
+// pool's threads while the launching (inter-op) thread waits, as TF's own
+// ops ran in a profile of BERT-base (its inter-op thread did 6% of the work):
+// the pool threads then stay awake for the elementwise ops TF runs on them
+// next. With task 0 on the launching thread, one pool thread slept through
+// every kernel and TF's next op waited for it to wake: BERT-base ran about 10%
+// slower (decisions.md, "Threads"). A launcher that is itself a pool thread,
+// or has a single task, runs tasks itself (it must not wait on its own pool).
 int LaunchOnIntraOpPool(FTVMParallelLambda flambda, void* cdata,
                         int num_task) {
   const auto* pool = intra_op_pool;
   if (pool == nullptr) return TVMBackendParallelLaunch(flambda, cdata, num_task);
   const int tasks = num_task > 0 ? num_task : std::max(pool->num_threads, 1);
   auto launch = std::make_shared<Launch>(flambda, cdata, tasks);
-  for (int helper = 1; helper < tasks; ++helper) {
+  const bool runs_tasks = tasks == 1 || pool->workers->CurrentThreadId() >= 0;
+  for (int closure = runs_tasks ? 1 : 0; closure < tasks; ++closure) {
     pool->workers->Schedule([launch] { launch->Drain(); });
   }
-  launch->Drain();
+  if (runs_tasks) launch->Drain();
   launch->unfinished.Wait();
   return launch->failed ? -1 : 0;
 }
