@@ -156,7 +156,9 @@ def test_batch_matmul_nt_fetches_its_y_tile_where_nothing_is_padded(rng, workloa
     hw = hardware.detect()
     kernel = micro_kernel.MicroKernel(2, hw.vector_lanes, 16, 1, True)
     assert kernel in micro_kernel.space(hw, workload)
-    dims = workload.dims_at((2 * hw.vector_lanes,))
+    dims = workload.dims_at(tuple(2 * hw.vector_lanes if "n" in names else size.hi
+                                  for names, size in workload.variables()))
+    assert dims["n"] % kernel.tile_n == 0 and dims["k"] % kernel.tile_k == 0  # nothing to pad along N or K
     template = templates.for_workload(workload)
     sch = s_tir.Schedule(template.schedule(workload, kernel, dims))
     reads = {str(region.source) for region in sch.get(sch.get_sblock(f"{template.COMPUTE_BLOCK}_update")).reads}
