@@ -71,7 +71,10 @@ def fetch_into_local(sch: s_tir.Schedule, fetch, loop, reduction_axis: int, layo
     per iteration of `loop`; a padded copy goes through copy_inside_bounds (its
     iteration axis `reduction_axis` runs along the reduction). scope "local": a
     64-byte-aligned workspace allocation per task (for tiles read as vectors);
-    "global": on the stack where under 1 KiB (see accumulate_locally)."""
+    "global": on the stack where under 1 KiB (see accumulate_locally). None:
+    nothing to fetch (the operand is read in place)."""
+    if fetch is None:
+        return
     sch.compute_at(fetch, loop)
     sch.set_scope(fetch, 0, scope)
     if layout is not None:

@@ -110,17 +110,15 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     # where nothing is padded: read in place, its y gathers every vector (a static NT build at T = 128 ran
     # 1.45x its symbolic build's time); NN's y rows are vectors as stored
     y_fetch = optional_block(sch, "y_pad")
-    if y_fetch is None and workload.transpose_b:
-        y_fetch = sch.cache_read(block, 1, "global")
     if workload.transpose_b:
+        if y_fetch is None:
+            y_fetch = sch.cache_read(block, 1, "global")
         fetch_into_local(sch, y_fetch, columns, 3, lambda q, g, c, d: (q, g, d, c))
-    elif y_fetch is not None:
+    else:
         fetch_into_local(sch, y_fetch, columns, 2)
     # x is read one element at a time (broadcast), so its tile needs no vector alignment: on the stack,
     # it saves each task a workspace allocation (and LoopPartition's copies of it) per partition
-    x_fetch = optional_block(sch, "x_pad")
-    if x_fetch is not None:
-        fetch_into_local(sch, x_fetch, i_outer, 3, scope="global")
+    fetch_into_local(sch, optional_block(sch, "x_pad"), i_outer, 3, scope="global")
     accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), j_inner, i_inner, middle[0],
                        kernel.task_n == 1)
     return sch.mod
