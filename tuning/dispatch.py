@@ -31,7 +31,7 @@ MAX_LEAVES = 32
 @dataclasses.dataclass
 class Dispatch:
     workload: Workload
-    kernels: list[MicroKernel]       # the kernels the tree can choose, by index
+    kernels: list                    # the kernels the tree can choose, by index (MicroKernel or GpuKernel)
     tree: DecisionTreeClassifier     # dynamic dims' sizes -> index into kernels
     predicted_gflops: dict[tuple[int, ...], float]   # by shape (variable values)
 
@@ -82,10 +82,8 @@ def build_dispatch(result: SearchResult) -> Dispatch:
     if not measured:
         raise RuntimeError(f"no micro-kernel of {workload.key()} ran successfully")
     every_shape = workload.all_shapes()
-    every_dims = workload.dims_over(every_shape)
-    keep = workload.flops(every_dims) > 0
+    keep = workload.flops(workload.dims_over(every_shape)) > 0
     shapes = [shape for shape, kept in zip(every_shape, keep) if kept]
-    dims = {d: sizes[keep] for d, sizes in every_dims.items()}
     layouts: dict[tuple, list[MicroKernel]] = {}
     for kernel in measured:
         layouts.setdefault(tuple(dense.weight_layout(workload, kernel).items()), []).append(kernel)
@@ -93,21 +91,27 @@ def build_dispatch(result: SearchResult) -> Dispatch:
     by_kernel = dict(zip(measured, calibrated_gflops(result.measurements, model, measured, shapes)))
     weights = shape_weights(shapes)
 
-    def votes(kernels):
-        """(the layout's cost: each shape's time per FLOP, weighed as the tree weighs the shape;
-        each shape's best kernel; its GFLOP/s). By total time the largest sizes decided the
-        layout: a quick tuning of BERT-base (M = 1..2048) gave its 768 x 768 layer the one
-        kernel of the layout best at M = 2048, 0.74x of the other layout's best at M = 13."""
-        gflops = np.array([by_kernel[k] for k in kernels])
-        return sum(weights / gflops.max(axis=0)), gflops.argmax(axis=0), gflops.max(axis=0)
+    def cost(kernels) -> float:
+        """A layout's cost: each shape's time per FLOP with its best kernel, weighed as the
+        tree weighs the shape. By total time the largest sizes decided the layout: a quick
+        tuning of BERT-base (M = 1..2048) gave its 768 x 768 layer the one kernel of the
+        layout best at M = 2048, 0.74x of the other layout's best at M = 13."""
+        return float(sum(weights / np.array([by_kernel[k] for k in kernels]).max(axis=0)))
 
-    layout = min(layouts, key=lambda key: votes(sorted(layouts[key]))[0])
-    kernels = sorted(layouts[layout])
-    _, best, gflops = votes(kernels)
+    kernels = sorted(layouts[min(layouts, key=lambda key: cost(sorted(layouts[key])))])
+    return fit_tree(workload, kernels, shapes, np.array([by_kernel[k] for k in kernels]))
+
+
+def fit_tree(workload: Workload, kernels: list, shapes: list[tuple[int, ...]], gflops: np.ndarray) -> Dispatch:
+    """Each shape votes for its fastest kernel by `gflops` (kernels x shapes, predicted
+    or measured), and a tree over the dynamic dims learns the votes, each shape
+    weighed by shape_weights. Kernels of any target (CPU micro-kernels, GPU ones)."""
+    best = gflops.argmax(axis=0)
     used = sorted({int(b) for b in best})
     labels = np.array([used.index(int(b)) for b in best])  # positions in the used kernels
+    dims = workload.dims_over(shapes)
     features = np.stack([dims[d] for d in workload.dynamic_dims] or [np.zeros(len(shapes))], axis=1)
     tree = DecisionTreeClassifier(max_leaf_nodes=MAX_LEAVES, random_state=0)
-    tree.fit(features, labels, sample_weight=weights)
+    tree.fit(features, labels, sample_weight=shape_weights(shapes))
     return Dispatch(workload, [kernels[i] for i in used], tree,
-                    {s: float(g) for s, g in zip(shapes, gflops)})
+                    {s: float(g) for s, g in zip(shapes, gflops.max(axis=0))})

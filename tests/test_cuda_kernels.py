@@ -1,0 +1,129 @@
+"""CUDA micro-kernels, checked without a GPU: the space obeys the architecture's
+limits, local padding keeps bound checks out of the compute loop, each kernel's
+recorded launch rule is the grid its code was scheduled for, and nvcc builds
+the fatbin. Numerical checks need a GPU: bench/cuda_kernels.py runs every
+kernel against float64 there."""
+
+import dataclasses
+import json
+
+import pytest
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.stmt import SBlockRealize
+from tvm.sym import Analyzer
+
+from tf_dietcode.tuning.cuda import build, limits, schedule, space
+from tf_dietcode.tuning.workload import Workload
+
+WORKLOADS = [
+    Workload("dense", (1, 2048), 2304, 768, bias=True),
+    Workload("dense", (1, 100), 40, 17, bias=True, activation="gelu"),            # nothing divides
+    Workload("batch_matmul", (1, 128), (1, 128), 64, b=192, ties=("m", "n")),      # attention scores
+    Workload("batch_matmul", (1, 128), 64, (1, 128), b=192, transpose_b=False, ties=("m", "k")),  # probs v
+    Workload("batch_matmul", (1, 40), (1, 40), 16, b=(2, 6), bias=True, ties=("m", "n")),          # + mask
+]
+GPU = limits.common(build.ARCHS)
+
+
+def sample(workload, count=4):
+    kernels = space.space(GPU, workload)
+    return kernels[:: max(1, len(kernels) // count)][:count]
+
+
+def realizes(mod, *names) -> dict[str, tuple]:
+    """(realize, enclosing loops) of each named block."""
+    sch = s_tir.Schedule(mod)
+    found = {}
+    for name in names:
+        loops = [sch.get(loop) for loop in sch.get_loops(name)]
+        body = loops[-1].body
+        realize = next(s for s in (body.seq if isinstance(body, tirx.SeqStmt) else [body])
+                       if isinstance(s, SBlockRealize) and s.block.name_hint == name)
+        found[name] = (realize, loops)
+    return found
+
+
+def test_space_respects_the_architecture_limits():
+    workload = WORKLOADS[0]
+    kernels = space.space(GPU, workload)
+    assert len(kernels) > 100
+    for kernel in kernels:
+        x, y = kernel.threads
+        assert (x * y) % 32 == 0 and 64 <= x * y <= 256, kernel.name
+        assert kernel.shared_bytes() <= GPU.shared_bytes_per_block, kernel.name
+    # limits, not shapes, bound the space: less shared memory, fewer kernels, and none needs more
+    small = dataclasses.replace(GPU, shared_bytes_per_block=8 << 10)
+    assert {k for k in space.space(small, workload)} < set(kernels)
+    assert all(k.shared_bytes() <= 8 << 10 for k in space.space(small, workload))
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.describe())
+def test_local_padding_leaves_no_check_in_the_compute_loop(workload):
+    for kernel in sample(workload):
+        blocks = realizes(schedule.schedule(workload, kernel), f"{schedule.ACCUMULATE}_update", "x_pad",
+                          schedule.WRITE_BACK)
+        update, loops = blocks[f"{schedule.ACCUMULATE}_update"]
+        assert isinstance(update.predicate, tirx.IntImm) and update.predicate.value == 1, kernel.name
+        assert "if_then_else" not in str(update.block.body), kernel.name
+        # the K step and the thread's register tile have constant trip counts and are unrolled
+        assert all(isinstance(loop.extent, tirx.IntImm) and loop.kind == tirx.ForKind.UNROLLED
+                   for loop in loops[-3:]), kernel.name
+        # bounds live in the fetches into shared memory and in the write-back
+        assert "if_then_else" in str(blocks["x_pad"][0].block.body), kernel.name
+        write_back = blocks[schedule.WRITE_BACK][0]
+        assert not isinstance(write_back.predicate, tirx.IntImm), kernel.name
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.describe())
+def test_launch_rule_is_the_scheduled_grid(workload):
+    """The grid the manifest records equals the extents of the loops bound to blockIdx."""
+    analyzer = Analyzer()
+    for kernel in sample(workload, 2):
+        _, _, launch = build.cuda_source(workload, kernel, "k")
+        extents = {}
+        update = f"{schedule.ACCUMULATE}_update"
+        for loop in realizes(schedule.schedule(workload, kernel), update)[update][1]:
+            if loop.thread_binding is not None:
+                extents[loop.thread_binding.thread_tag] = loop.extent
+        assert (extents["threadIdx.x"], extents["threadIdx.y"]) == tuple(launch.block[:2])
+        for values in [(1,) * 4, (2, 3, 5, 7), (3, 100, 40, 17)]:
+            dims = {d: min(max(v, getattr(workload, d).lo), getattr(workload, d).hi) for d, v in zip("bmnk", values)}
+            grid = [int(analyzer.simplify(tvm_ffi.structural_map(extents[axis], (
+                        tirx.Var, lambda v: tirx.const(dims[v.name.lower()], "int32")))))
+                    for axis in ("blockIdx.x", "blockIdx.y", "blockIdx.z")]
+            assert tuple(grid) == launch.grid_at(dims), (kernel.name, dims)
+
+
+def test_parameters_follow_the_kernel_signature():
+    workload = WORKLOADS[4]
+    _, body, launch = build.cuda_source(workload, sample(workload, 1)[0], "w0_k0")
+    assert body.startswith('extern "C" __global__') and " w0_k0(" in body
+    names = dict(launch.params)
+    assert names["x"] == names["y"] == names["addend"] == names["out"] == "pointer"
+    assert names["alpha"] == "float32" and names["B"] == names["M"] == names["N"] == "int32"
+
+
+@pytest.mark.skipif(build.nvcc() is None, reason="needs nvcc (the CUDA toolkit)")
+def test_nvcc_builds_a_fatbin_for_every_arch(tmp_path):
+    workload = WORKLOADS[1]
+    kernels = sample(workload, 2)
+    shapes = {workload.key(): [{"t": 5, "b": 1, "m": 5, "n": 40, "k": 17}]}
+    manifest = build.build([(workload, [(kernels[0], None), (kernels[1], {"b": 1, "m": 5, "n": 40, "k": 17})])],
+                           shapes, tmp_path / "set")
+    assert json.loads((tmp_path / "set" / build.MANIFEST).read_text()) == manifest
+    assert manifest["archs"] == list(build.ARCHS)
+    entry = manifest["workloads"][0]
+    fatbin = (tmp_path / "set" / entry["fatbin"]).read_bytes()
+    assert len(fatbin) > 1000 and fatbin[:4] == bytes.fromhex("50ed55ba")  # the fatbin magic
+    symbolic, static = entry["kernels"]
+    assert ["M", "int32"] in symbolic["launch"]["params"] and ["M", "int32"] not in static["launch"]["params"]
+    assert symbolic["spill_bytes"] == 0
+
+
+def test_build_refuses_without_nvcc(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "nvcc", lambda: None)
+    workload = WORKLOADS[1]
+    with pytest.raises(RuntimeError, match="nvcc not found"):
+        build.build([(workload, [(sample(workload, 1)[0], None)])], {workload.key(): []}, tmp_path / "set")
+    assert not (tmp_path / "set").exists()

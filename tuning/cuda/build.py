@@ -1,0 +1,143 @@
+"""Compile GPU micro-kernels ahead of time: TVM -> CUDA C -> nvcc -> one fatbin.
+
+TVM's exported CUDA module embeds source that it compiles when loaded, through
+a Python callback: unusable from C++ and a run-time compile. So each kernel's
+CUDA C is taken from TVM, renamed, and all of a set are compiled by nvcc into
+one fatbin with machine code for every target architecture. Beside it a
+manifest records, per kernel, its symbol, parameter types and launch rule
+(grid from the dims, block size), which is all a runner needs.
+"""
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import os
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+
+import tvm
+
+from tf_dietcode.atomic_output import atomic_directory
+from tf_dietcode.tuning.cuda import schedule
+from tf_dietcode.tuning.cuda.space import GpuKernel
+from tf_dietcode.tuning.workload import Workload
+
+FORMAT = "tf_dietcode.cuda_kernels"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+ARCHS = ("sm_80", "sm_90")
+_SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\((\d+)\) (\w+)\(([^)]*)\)\s*\{')
+_PARAM_TYPES = {"float*": "pointer", "int": "int32", "float": "float32", "int64_t": "int64"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """How to launch one compiled kernel."""
+
+    symbol: str
+    params: tuple[tuple[str, str], ...]   # (name, "pointer" | "int32" | "int64" | "float32"), in order
+    block: tuple[int, int, int]
+    grid: tuple[tuple[str, int], ...]     # per grid axis x, y, z: (dim, tile): ceil(dims[dim] / tile)
+
+    def grid_at(self, dims: dict[str, int]) -> tuple[int, ...]:
+        return tuple(-(-dims[d] // tile) for d, tile in self.grid)
+
+
+def nvcc() -> str | None:
+    """nvcc's path, or None where the CUDA toolkit is not installed."""
+    return shutil.which("nvcc") or next((str(p) for p in sorted(pathlib.Path("/usr/local").glob("cuda*/bin/nvcc"))),
+                                        None)
+
+
+def cuda_source(workload: Workload, kernel: GpuKernel, symbol: str,
+                dims: dict[str, int] | None = None) -> tuple[str, str, Launch]:
+    """(TVM's CUDA prelude, the kernel's definition renamed to `symbol`, its launch rule)."""
+    target = tvm.target.Target({"kind": "cuda", "arch": ARCHS[0]}, host={"kind": "llvm"})
+    source = tvm.compile(schedule.schedule(workload, kernel, dims), target=target).mod.imports[0].inspect_source()
+    definition = _SIGNATURE.search(source)
+    if definition is None:
+        raise RuntimeError(f"no kernel definition in TVM's CUDA source for {kernel.name}")
+    threads, name, params = definition.groups()
+    prelude = source[:source.index('extern "C"')]
+    body = source[definition.start():].replace(f" {name}(", f" {symbol}(", 1)
+    parsed = []
+    for param in params.split(","):
+        words = param.replace("__restrict__", "").split()
+        kind = _PARAM_TYPES[" ".join(words[:-1])]
+        # TVM names a buffer's pointer "<buffer>_ptr"; records name the buffer
+        parsed.append((words[-1].removesuffix("_ptr") if kind == "pointer" else words[-1], kind))
+    threads_x, threads_y = kernel.threads
+    if int(threads) != threads_x * threads_y:
+        raise RuntimeError(f"{kernel.name}: TVM bound {threads} threads, the kernel has {threads_x * threads_y}")
+    launch = Launch(symbol, tuple(parsed), (threads_x, threads_y, 1),
+                    (("n", kernel.block_n), ("m", kernel.block_m), ("b", 1)))
+    return prelude, body, launch
+
+
+def compile_fatbin(source: pathlib.Path, output: pathlib.Path, archs: tuple[str, ...] = ARCHS,
+                   ptx: bool = True) -> str:
+    """nvcc's fatbin of `source` with machine code for each arch (and, with `ptx`, the
+    newest's PTX, which newer GPUs compile when loading);
+    returns ptxas' resource report (registers, spills per kernel)."""
+    compiler = nvcc()
+    if compiler is None:
+        raise RuntimeError("nvcc not found: install the CUDA toolkit to build CUDA kernels")
+    gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in archs]
+    if ptx:
+        gencode.append(f"-gencode=arch=compute_{archs[-1][3:]},code=compute_{archs[-1][3:]}")
+    # 177: TVM's common subexpressions that ended up unused
+    done = subprocess.run([compiler, "--fatbin", "-O3", "--resource-usage", "-diag-suppress=177", *gencode,
+                           "-o", str(output), str(source)],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"nvcc failed on {source}:\n{done.stderr[-4000:]}")
+    return done.stdout + done.stderr
+
+
+def spills(report: str) -> dict[str, int]:
+    """Spill-store bytes per kernel symbol (the largest over the archs) from ptxas' report."""
+    result, symbol = {}, None
+    for line in report.splitlines():
+        if m := re.search(r"Function properties for (\w+)", line):
+            symbol = m.group(1)
+        elif symbol and (m := re.search(r"(\d+) bytes spill stores", line)):
+            result[symbol] = max(result.get(symbol, 0), int(m.group(1)))
+    return result
+
+
+def build(entries: list[tuple[Workload, list[tuple[GpuKernel, dict[str, int] | None]]]],
+          shapes: dict[str, list[dict[str, int]]], directory: pathlib.Path | str,
+          archs: tuple[str, ...] = ARCHS, ptx: bool = True) -> dict:
+    """Compile every (kernel, dims) of every workload (dims None: symbolic) into one
+    fatbin per workload and write them with a manifest to `directory` (atomically).
+    `shapes`: per workload key, the dims a runner should measure the workload at.
+    `archs`: the machine code it carries and `ptx` whether PTX comes too (a
+    measurement set for one GPU needs only that GPU's machine code)."""
+    with atomic_directory(pathlib.Path(directory)) as staging:
+        sources, workloads = [], []
+        for w, (workload, kernels) in enumerate(entries):
+            prelude, bodies, records = "", [], []
+            for i, (kernel, dims) in enumerate(kernels):
+                prelude, body, launch = cuda_source(workload, kernel, f"w{w}_k{i}", dims)
+                bodies.append(body)
+                records.append({"kernel": dataclasses.asdict(kernel), "name": kernel.name, "static_dims": dims,
+                                "launch": dataclasses.asdict(launch)})
+            (staging / f"w{w}.cu").write_text(prelude + "\n".join(bodies))
+            sources.append(staging / f"w{w}.cu")
+            workloads.append({"workload": json.loads(workload.key()), "describe": workload.describe(),
+                              "fatbin": f"w{w}.fatbin", "shapes": shapes[workload.key()], "kernels": records})
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:  # nvcc is one process per file
+            reports = list(pool.map(lambda s: compile_fatbin(s, s.with_suffix(".fatbin"), archs, ptx), sources))
+        spilled = spills("\n".join(reports))
+        for entry in workloads:
+            entry["fatbin_sha256"] = hashlib.sha256((staging / entry["fatbin"]).read_bytes()).hexdigest()
+            for record in entry["kernels"]:
+                record["spill_bytes"] = spilled.get(record["launch"]["symbol"], 0)
+        manifest = {"format": FORMAT, "version": FORMAT_VERSION, "archs": list(archs), "tvm": tvm.__version__,
+                    "workloads": workloads}
+        text = json.dumps(manifest, indent=1)
+        (staging / MANIFEST).write_text(text)
+    return json.loads(text)  # as a reader sees it (lists, not tuples)

@@ -1,0 +1,96 @@
+"""A GPU micro-kernel as a TVM schedule, dims symbolic or fixed.
+
+The computation (contiguous operands):
+    dense:        out[1, M, N] = act(x[1, M, K] @ w[K, N] + bias[N])     (w as Keras stores it)
+    batch matmul: out[B, M, N] = alpha * x[B, M, K] @ y[B, K, N] (NN) or y[B, N, K]^T (NT) (+ addend[B, M, N])
+
+Local padding: pad_einsum pads M, N (and a dynamic or non-dividing K) to whole
+tiles; the padded operand copies become the shared-memory fetches (the only
+reads with bound checks), each thread accumulates its register tile with no
+checks, and the epilogue (bias or scale and addend, activation) is the
+write-back of that tile, which alone checks M and N.
+"""
+
+import tvm
+from tvm import s_tir, te, tirx
+
+from tf_dietcode.tuning.cuda.space import GpuKernel
+from tf_dietcode.tuning.templates import activation, optional_block
+from tf_dietcode.tuning.workload import Workload
+
+ACCUMULATE = "acc"
+WRITE_BACK = "out"
+
+
+def dim(workload: Workload, name: str, dims: dict[str, int] | None):
+    """A dim as an int32 var (symbolic) or constant: 32-bit index math is the GPU's fast path."""
+    size = getattr(workload, name)
+    if dims is None and not size.static:
+        return tirx.Var(name.upper(), "int32")
+    return tirx.const(size.lo if dims is None else dims[name], "int32")
+
+
+def prim_func(workload: Workload, dims: dict[str, int] | None = None) -> tirx.PrimFunc:
+    """The fused product; params x, y (w), [bias or addend], [alpha], out."""
+    b, m, n, k = (dim(workload, d, dims) for d in ("b", "m", "n", "k"))
+    x = te.placeholder((b, m, k), "float32", name="x")
+    r = te.reduce_axis((0, k), "k")
+    if workload.kind == "dense":
+        y = te.placeholder((k, n), "float32", name="w")
+        acc = te.compute((b, m, n), lambda p, i, j: te.sum(x[p, i, r] * y[r, j], axis=r), name=ACCUMULATE)
+        bias = te.placeholder((n,), "float32", name="bias") if workload.bias else None
+        out = te.compute((b, m, n), lambda p, i, j: activation.apply(
+            workload.activation, acc[p, i, j] + bias[j] if bias is not None else acc[p, i, j]), name=WRITE_BACK)
+        return te.create_prim_func([x, y, *([bias] if bias is not None else []), out])
+    y = te.placeholder((b, n, k) if workload.transpose_b else (b, k, n), "float32", name="y")
+    acc = te.compute((b, m, n), lambda p, i, j: te.sum(
+        x[p, i, r] * (y[p, j, r] if workload.transpose_b else y[p, r, j]), axis=r), name=ACCUMULATE)
+    alpha = tirx.Var("alpha", "float32")
+    addend = te.placeholder((b, m, n), "float32", name="addend") if workload.bias else None
+    out = te.compute((b, m, n), lambda p, i, j: alpha * acc[p, i, j] + addend[p, i, j] if addend is not None
+                     else alpha * acc[p, i, j], name=WRITE_BACK)
+    return te.create_prim_func([x, y, *([addend] if addend is not None else []), alpha, out])
+
+
+def _fetch_to_shared(sch: s_tir.Schedule, fetch, k_outer, depth: int, kernel: GpuKernel) -> None:
+    """Stage an operand tile in shared memory once per K step, every thread of the
+    block copying a strided share (consecutive threads read consecutive addresses);
+    `depth`: the loops down to k_outer."""
+    sch.set_scope(fetch, 0, "shared")  # first: compute_at then sizes the tile for the whole block
+    sch.compute_at(fetch, k_outer)
+    threads_x, threads_y = kernel.threads
+    axes = sch.get_loops(fetch)[depth:]
+    _, ty, tx = sch.split(sch.fuse(*axes), [None, threads_y, threads_x])
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+
+
+def schedule(workload: Workload, kernel: GpuKernel, dims: dict[str, int] | None = None) -> tvm.IRModule:
+    sch = s_tir.Schedule(tvm.IRModule({"main": prim_func(workload, dims).with_attr("global_symbol", "main")}))
+    acc = sch.get_sblock(ACCUMULATE)
+    sch.pad_einsum(acc, [1, kernel.block_m, kernel.block_n, kernel.tile_k])
+    padded_out = optional_block(sch, f"{ACCUMULATE}_pad")
+    if padded_out is not None:
+        sch.compute_inline(padded_out)  # the write-back reads the padded tile
+    threads_x, threads_y = kernel.threads
+    p, i, j, r = sch.get_loops(acc)
+    i_block, i_thread, i_tile = sch.split(i, [None, threads_y, kernel.thread_m])
+    j_block, j_thread, j_tile = sch.split(j, [None, threads_x, kernel.thread_n])
+    k_outer, k_inner = sch.split(r, [None, kernel.tile_k])
+    sch.reorder(p, i_block, j_block, i_thread, j_thread, k_outer, k_inner, i_tile, j_tile)
+    for loop, axis in ((p, "blockIdx.z"), (i_block, "blockIdx.y"), (j_block, "blockIdx.x"),
+                       (i_thread, "threadIdx.y"), (j_thread, "threadIdx.x")):
+        sch.bind(loop, axis)
+    # a thread's accumulators stay in registers; the write-back with the epilogue follows its K loop
+    sch.reverse_compute_at(sch.get_sblock(WRITE_BACK), j_thread)
+    sch.set_scope(acc, 0, "local")
+    operands = ("x", "w" if workload.kind == "dense" else "y")
+    for index, name in enumerate(operands):
+        fetch = optional_block(sch, f"{name}_pad")
+        if fetch is None:  # nothing padded: a plain copy
+            fetch = sch.cache_read(acc, index, "shared")
+        _fetch_to_shared(sch, fetch, k_outer, 6, kernel)
+    sch.decompose_reduction(acc, k_outer)
+    for loop in (k_inner, i_tile, j_tile):
+        sch.unroll(loop)
+    return sch.mod

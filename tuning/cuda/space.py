@@ -1,0 +1,70 @@
+"""GPU micro-kernels and the shape-generic space they are drawn from.
+
+A thread block computes a block_m x block_n output tile, each of its threads a
+thread_m x thread_n register tile, stepping through K tile_k at a time with
+both operand tiles staged in shared memory. Every size comes from the limits
+of the target architectures (threads, shared memory, registers), none from a
+shape; tiles need not divide the dims (local padding does the rest).
+"""
+
+import dataclasses
+import itertools
+
+from tf_dietcode.tuning.cuda.limits import GpuLimits
+from tf_dietcode.tuning.workload import Workload
+
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+THREAD_TILES = (1, 2, 4, 8)
+K_STEPS = (8, 16, 32)
+REGISTER_OVERHEAD = 24  # addresses, loop counters and the fetch's temporaries, besides the tile
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class GpuKernel:
+    block_m: int
+    block_n: int
+    thread_m: int
+    thread_n: int
+    tile_k: int
+
+    @property
+    def threads(self) -> tuple[int, int]:
+        """(threadIdx.x, threadIdx.y) extents: x runs along N, y along M."""
+        return self.block_n // self.thread_n, self.block_m // self.thread_m
+
+    @property
+    def name(self) -> str:
+        return f"g{self.block_m}x{self.block_n}_t{self.thread_m}x{self.thread_n}_k{self.tile_k}"
+
+    def registers(self) -> int:
+        """Estimated registers a thread holds: its accumulators, one operand column and row."""
+        return self.thread_m * self.thread_n + self.thread_m + self.thread_n + REGISTER_OVERHEAD
+
+    def shared_bytes(self) -> int:
+        return (self.block_m + self.block_n) * self.tile_k * 4
+
+
+def _fits(kernel: GpuKernel, limits: GpuLimits) -> bool:
+    """Whole warps (2 to 8 of them), shared tiles within the per-block limit, and
+    registers that leave room for two resident blocks per SM (one block per SM
+    cannot hide its own shared-memory waits)."""
+    x, y = kernel.threads
+    threads = x * y
+    return (threads % limits.warp == 0 and 2 * limits.warp <= threads <= min(256, limits.threads_per_block)
+            and kernel.shared_bytes() <= limits.shared_bytes_per_block
+            and kernel.registers() <= limits.registers_per_thread
+            and 2 * threads * kernel.registers() <= limits.registers_per_sm)
+
+
+def space(limits: GpuLimits, workload: Workload) -> list[GpuKernel]:
+    """Every GPU micro-kernel the limits admit for this workload; tiles more than
+    twice as large as a dim's largest size would only compute padding."""
+    kernels = []
+    for bm, bn, tm, tn, bk in itertools.product(BLOCK_SIZES, BLOCK_SIZES, THREAD_TILES, THREAD_TILES, K_STEPS):
+        if bm % tm or bn % tn or bm > 2 * max(workload.m.hi, 8) or bn > 2 * max(workload.n.hi, 8) \
+                or bk > 2 * max(workload.k.hi, 8):
+            continue
+        kernel = GpuKernel(bm, bn, tm, tn, bk)
+        if _fits(kernel, limits):
+            kernels.append(kernel)
+    return kernels
