@@ -104,7 +104,8 @@ setup(
     version="0.1.0",
     description="Dynamic-shape Transformer inference in TensorFlow with DietCode-tuned kernels",
     python_requires=">=3.11",
-    packages=["tf_dietcode", "tf_dietcode.graph_rewrite", "tf_dietcode.tuning"],
+    packages=["tf_dietcode", "tf_dietcode.graph_rewrite", "tf_dietcode.tuning", "tf_dietcode.tuning.templates",
+              "tf_dietcode.tuning.cuda"],
     package_dir={
         "tf_dietcode": "tf_dietcode",
         "tf_dietcode.graph_rewrite": "graph_rewrite",

@@ -1,9 +1,9 @@
 """DietCode on CUDA: build the measurement set here, measure it on a GPU, report here.
 
     python -m bench.cuda_tuning build DIR      # every micro-kernel of the GPU space, symbolic,
-                                               # plus static builds of a sample, into one fatbin
+                                               # plus static builds of a sample, into fatbins
     python3 bench/cuda_kernels.py DIR OUT      # on the GPU machine (no TVM there)
-    python -m bench.cuda_tuning report OUT     # CSV + plot under docs/results/
+    python -m bench.cuda_tuning report OUT     # CSV + plots under docs/results/
 
 The GPU is lent to few sessions and has no TVM, so the search cannot measure
 candidates there as it goes. Instead every kernel of the (finite) space is
@@ -14,11 +14,22 @@ the space and with cuBLAS, all from one GPU run.
 """
 
 import argparse
+import csv
+import gzip
+import json
 import pathlib
 import random
+import shutil
+import statistics
 
+from bench import report
+from tf_dietcode.tuning import dispatch, search
 from tf_dietcode.tuning.cuda import build, limits, space
+from tf_dietcode.tuning.cuda.recorded import RecordedRunner, shape_of
+from tf_dietcode.tuning.cuda.target import GpuTarget
 from tf_dietcode.tuning.workload import Workload
+
+RESULTS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
 
 SEQUENCE_LENGTHS = (1, 5, 17, 24, 43, 62, 81, 100, 119, 128)
 STATIC_SAMPLE = 8  # kernels per workload also built for each static shape (symbolic vs static)
@@ -37,27 +48,120 @@ def shapes(workload: Workload, sizes) -> list[dict]:
     return [{"t": t, **{d: getattr(workload, d).lo for d in "bmnk"}, **sizes(t)} for t in SEQUENCE_LENGTHS]
 
 
-def build_set(directory: pathlib.Path, seed: int = 0) -> dict:
+def build_set(directory: pathlib.Path, seed: int = 0, static_from: pathlib.Path | None = None) -> dict:
+    """Every kernel of each workload's space, symbolic; and static builds at every T of
+    STATIC_SAMPLE random kernels plus, with `static_from` (an earlier report's CSV), the
+    kernels its dispatch chose (the ones whose symbolic cost matters)."""
     gpu = limits.common(build.ARCHS)
+    chosen = {}
+    if static_from is not None:
+        for row in report.read(static_from):
+            if row["peer"] == "tf_dietcode":
+                chosen.setdefault(row["workload"], set()).add(space.GpuKernel.from_name(row["kernel"]))
     entries, shape_lists = [], {}
-    for workload, sizes in WORKLOADS.values():
+    for label, (workload, sizes) in WORKLOADS.items():
         kernels = space.space(gpu, workload)
         at = shapes(workload, sizes)
-        statics = random.Random(seed).sample(kernels, STATIC_SAMPLE)
+        statics = sorted(set(random.Random(seed).sample(kernels, STATIC_SAMPLE)) | chosen.get(label, set()))
         entries.append((workload, [(k, None) for k in kernels] +
                         [(k, {d: s[d] for d in "bmnk"}) for k in statics for s in at]))
         shape_lists[workload.key()] = at
     return build.build(entries, shape_lists, directory, archs=("sm_90",), ptx=False)
 
 
+def _cublas_and_static(run: pathlib.Path) -> tuple[dict, list[tuple[str, str, int, float]]]:
+    """cuBLAS' seconds by (workload, T), and (workload, kernel, T, symbolic / static time) per static build."""
+    cublas, symbolic, static = {}, {}, {}
+    with open(run / "measurements.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            key = (row["workload"], row["kernel"], int(row["t"]))
+            if row["kernel"] == "cublas":
+                cublas[(row["workload"], int(row["t"]))] = float(row["seconds"])
+            else:
+                (static if row["static"] == "True" else symbolic)[key] = float(row["seconds"])
+    return cublas, [(*key, symbolic[key] / seconds) for key, seconds in static.items()]
+
+
+def report_run(run: pathlib.Path, name: str, trials: int, seed: int) -> list[dict]:
+    """Replays the joint search (`trials` kernels measured of each space) over a GPU run's
+    record, builds each workload's dispatch tree, and compares at every T the tree's kernel
+    with cuBLAS, with the best kernel of the whole space and with the kernel best at the
+    largest T (the Nimble-like baseline); writes docs/results/<name>.{csv,png},
+    <name>_static.csv and the run's raw record."""
+    device = json.loads((run / "device.json").read_text())
+    target = GpuTarget(limits.ARCHS[f"sm_{device['capability'].replace('.', '')}"], device["sms"])
+    workloads = {label: (workload, shapes(workload, sizes)) for label, (workload, sizes) in WORKLOADS.items()}
+    runner = RecordedRunner.load([w for w, _ in workloads.values()], run / "measurements.csv")
+    cublas, static = _cublas_and_static(run)
+    rows = []
+    for label, (workload, at) in workloads.items():
+        sample = [shape_of(workload, dims) for dims in at]
+        result = search.search(workload, target, runner, search.SearchOptions(trials=trials, seed=seed),
+                               shapes=sample, progress=False)
+        chosen = dispatch.build_dispatch(result)
+        table = runner.records[workload.key()]
+
+        def seconds_of(kernel, shape):
+            return table.get((kernel, shape)) or float("inf")
+
+        largest = min({k for k, _ in table}, key=lambda k: seconds_of(k, sample[-1]))
+        for dims, shape in zip(at, sample):
+            best = min({k for k, _ in table}, key=lambda k: seconds_of(k, shape))
+            peers = {"cublas": (cublas[(workload.describe(), dims["t"])], ""),
+                     "tf_dietcode": (seconds_of(picked := chosen.kernels[chosen.kernel_index(dims)], shape),
+                                     picked.name),
+                     "best_of_space": (seconds_of(best, shape), best.name),
+                     "largest_T_kernel": (seconds_of(largest, shape), largest.name)}
+            for peer, (seconds, kernel) in peers.items():
+                rows.append({"workload": label, "T": dims["t"], "peer": peer, "kernel": kernel,
+                             "ms": seconds * 1e3, "tflops": workload.flops(dims) / seconds / 1e12,
+                             "speedup_vs_cublas": peers["cublas"][0] / seconds,
+                             "trials": trials if peer == "tf_dietcode" else "", "space": len(target.space(workload))})
+    report.write_csv(rows, RESULTS / f"{name}.csv")
+    report.plot_by_t(rows, RESULTS / f"{name}.png", f"GPU micro-kernels vs cuBLAS (fp32), {device['name']}",
+                     baseline="cuBLAS", ratio="speedup_vs_cublas")
+    report.write_csv([{"workload": w, "kernel": k, "T": t, "symbolic_over_static": r} for w, k, t, r in static],
+                     RESULTS / f"{name}_static.csv")
+    with open(run / "measurements.csv", "rb") as raw, gzip.open(RESULTS / f"{name}_record.csv.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)
+    shutil.copy(run / "device.json", RESULTS / f"{name}_device.json")
+    _print_summary(rows, static, device)
+    return rows
+
+
+def _print_summary(rows: list[dict], static: list, device: dict) -> None:
+    print(f"{device['name']} ({device['sms']} SMs), torch {device['torch']}: speed-up over cuBLAS, "
+          "geomean over T (worst)")
+    for label in WORKLOADS:
+        line = [label]
+        for peer in ("tf_dietcode", "best_of_space", "largest_T_kernel"):
+            ratios = [r["speedup_vs_cublas"] for r in rows if r["workload"] == label and r["peer"] == peer]
+            line.append(f"{peer} {report.geomean(ratios):.2f}x ({min(ratios):.2f}x)")
+        print("  " + "; ".join(line))
+    for workload in dict.fromkeys(w for w, *_ in static):
+        ratios = [r for w, _, _, r in static if w == workload]
+        print(f"  symbolic / static {workload}: median {statistics.median(ratios):.3f}, max {max(ratios):.3f}, "
+              f"{sum(r > 1.05 for r in ratios)} of {len(ratios)} over 1.05")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build").add_argument("directory", type=pathlib.Path)
+    building = commands.add_parser("build")
+    building.add_argument("directory", type=pathlib.Path)
+    building.add_argument("--static-from", type=pathlib.Path, help="an earlier report's CSV: its chosen kernels "
+                          "are built static too")
+    reporting = commands.add_parser("report")
+    reporting.add_argument("run", type=pathlib.Path, help="the GPU run's output (measurements.csv, device.json)")
+    reporting.add_argument("--name", default="cuda_h200", help="file names under docs/results/")
+    reporting.add_argument("--trials", type=int, default=search.SearchOptions.trials)
+    reporting.add_argument("--seed", type=int, default=0)
     arguments = parser.parse_args()
     if arguments.command == "build":
-        manifest = build_set(arguments.directory)
+        manifest = build_set(arguments.directory, static_from=arguments.static_from)
         print(sum(len(w["kernels"]) for w in manifest["workloads"]), "kernels in", arguments.directory)
+    else:
+        report_run(arguments.run, arguments.name, arguments.trials, arguments.seed)
 
 
 if __name__ == "__main__":

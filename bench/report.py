@@ -45,8 +45,10 @@ def speedups(rows, peer: str) -> dict[str, list[tuple[int, float]]]:
     return result
 
 
-def plot_by_t(rows, path: pathlib.Path, title: str) -> None:
-    """Two panels per workload: each peer's latency (ms, log scale) and its speed-up over TF, against T."""
+def plot_by_t(rows, path: pathlib.Path, title: str, baseline: str = "TF",
+              ratio: str = "speedup_vs_tensorflow") -> None:
+    """Two panels per workload: each peer's latency (ms, log scale) and its speed-up over
+    the baseline (TF, or cuBLAS for CUDA kernels; row key `ratio`), against T."""
     workloads = sorted({r["workload"] for r in rows})
     columns = min(3, len(workloads))
     grid_rows = -(-len(workloads) // columns)
@@ -59,7 +61,7 @@ def plot_by_t(rows, path: pathlib.Path, title: str) -> None:
     for index, workload in enumerate(workloads):
         latency, speedup = panels(index)
         for peer in sorted({r["peer"] for r in rows if r["workload"] == workload}):
-            points = sorted((r["T"], r["ms"], r["speedup_vs_tensorflow"]) for r in rows
+            points = sorted((r["T"], r["ms"], r[ratio]) for r in rows
                             if r["workload"] == workload and r["peer"] == peer)
             ts, ms, ratios = zip(*points)
             latency.plot(ts, ms, marker="o", label=peer)
@@ -70,7 +72,7 @@ def plot_by_t(rows, path: pathlib.Path, title: str) -> None:
         latency.legend(fontsize=7)
         speedup.axhline(1.0, color="grey", linewidth=0.8)
         speedup.set_xlabel("T")
-        speedup.set_ylabel("speed-up vs TF")
+        speedup.set_ylabel(f"speed-up vs {baseline}")
     for index in range(len(workloads), grid_rows * columns):
         for axis in panels(index):
             axis.remove()

@@ -1,9 +1,12 @@
 """CUDA micro-kernels, checked without a GPU: the space obeys the architecture's
 limits, local padding keeps bound checks out of the compute loop, each kernel's
-recorded launch rule is the grid its code was scheduled for, and nvcc builds
-the fatbin. Numerical checks need a GPU: bench/cuda_kernels.py runs every
-kernel against float64 there."""
+recorded launch rule is the grid its code was scheduled for, nvcc builds the
+fatbin, and the joint search, cost model and dispatch run over a GPU target
+from a recorded run. Numerical checks need a GPU: bench/cuda_kernels.py runs
+every kernel against float64 there."""
 
+import csv
+import ctypes
 import dataclasses
 import json
 
@@ -13,7 +16,10 @@ from tvm import s_tir, tirx
 from tvm.s_tir.stmt import SBlockRealize
 from tvm.sym import Analyzer
 
+from tf_dietcode.tuning import cost_model, dispatch, search
 from tf_dietcode.tuning.cuda import build, limits, schedule, space
+from tf_dietcode.tuning.cuda.recorded import RecordedRunner
+from tf_dietcode.tuning.cuda.target import GpuTarget
 from tf_dietcode.tuning.workload import Workload
 
 WORKLOADS = [
@@ -75,6 +81,19 @@ def test_local_padding_leaves_no_check_in_the_compute_loop(workload):
         assert not isinstance(write_back.predicate, tirx.IntImm), kernel.name
 
 
+def test_nt_y_tile_runs_along_columns_in_shared_memory():
+    """NT's y is stored [.., N, K]; its shared tile is [K, N + 4] so a warp's reads, which run
+    along N, hit consecutive words, and the transposing stores spread over the banks."""
+    workload = WORKLOADS[2]
+    kernel = space.GpuKernel(64, 64, 8, 2, 8)
+    realize, _ = realizes(schedule.schedule(workload, kernel), "y_pad")["y_pad"]
+    store = realize.block.body
+    assert [str(i) for i in store.indices][1:] == [str(realize.block.iter_vars[2].var),
+                                                  str(realize.block.iter_vars[1].var)]
+    _, body, _ = build.cuda_source(workload, kernel, "k")
+    assert "y_pad_shared_ptr[544]" in body  # 8 rows of 64 + 4 words
+
+
 @pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.describe())
 def test_launch_rule_is_the_scheduled_grid(workload):
     """The grid the manifest records equals the extents of the loops bound to blockIdx."""
@@ -127,3 +146,78 @@ def test_build_refuses_without_nvcc(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="nvcc not found"):
         build.build([(workload, [(sample(workload, 1)[0], None)])], {workload.key(): []}, tmp_path / "set")
     assert not (tmp_path / "set").exists()
+
+
+def write_record(path, workload, rows):
+    """A GPU run's CSV as bench/cuda_kernels.py writes it: rows of (kernel name, static, T, seconds, error)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["workload", "kernel", "static", "t", "b", "m", "n", "k", "seconds", "error"])
+        for name, static, t, seconds, error in rows:
+            dims = workload.dims_at((t,))
+            writer.writerow([workload.describe(), name, static, t, *(dims[d] for d in "bmnk"), seconds, error])
+
+
+def test_recorded_runner_serves_the_symbolic_kernels_records(tmp_path):
+    workload = WORKLOADS[2]
+    a, b = sample(workload, 2)
+    write_record(tmp_path / "m.csv", workload, [("cublas", False, 5, 1e-6, 0.0), (a.name, False, 5, 2e-6, 1e-7),
+                                                 (a.name, True, 5, 1e-9, 0.0), (b.name, False, 5, 3e-6, 0.5)])
+    runner = RecordedRunner.load([workload], tmp_path / "m.csv")
+    first, second, third = runner.run(workload, [a, b], [(5,), (17,)])[:3]
+    assert (first.kernel, first.shape, first.seconds, first.error) == (a, (5,), 2e-6, None)  # not the static build
+    assert second.seconds is None and second.error == "not recorded"
+    assert third.kernel == b and third.seconds is None and third.error == "wrong result"
+
+
+def replayed_search(workload):
+    """The joint search over the whole space on a record that follows the cost formula
+    (each kernel's own throughput times f_occ * f_pad over the SMs, k = 0.8): (result, record)."""
+    target = GpuTarget(GPU, 132)
+    kernels = target.space(workload)
+
+    def seconds(index, kernel, shape):
+        gflops = (100 + index % 13 * 10) * cost_model.shape_factor(workload, kernel, shape, target, 0.8)
+        return workload.flops(workload.dims_at(shape)) / (gflops * 1e9)
+
+    record = {(k, s): seconds(i, k, s) for i, k in enumerate(kernels) for s in SAMPLE_SHAPES}
+    result = search.search(workload, target, RecordedRunner({workload.key(): record}),
+                           search.SearchOptions(trials=len(kernels), batch=64, seed=1), shapes=SAMPLE_SHAPES,
+                           progress=False)
+    return result, record
+
+
+SAMPLE_SHAPES = [(t,) for t in (1, 7, 20, 128)]
+
+
+def test_joint_search_and_dispatch_run_on_a_gpu_target():
+    """The search, cost model and dispatch of the CPU serve GPU kernels: the occupancy
+    coefficient is learned and the tree sends each recorded shape to its fastest kernel."""
+    workload = WORKLOADS[2]
+    result, record = replayed_search(workload)
+    kernels = {k for k, _ in record}
+    assert {m.kernel for m in result.measurements} == kernels
+    assert result.model.k == pytest.approx(0.8, abs=0.05)
+    chosen = dispatch.build_dispatch(result)
+    for shape in SAMPLE_SHAPES:
+        fastest = min(kernels, key=lambda k: record[(k, shape)])
+        picked = chosen.kernels[chosen.kernel_index(workload.dims_at(shape))]
+        assert record[(picked, shape)] == pytest.approx(record[(fastest, shape)]), shape
+    assert all(0 <= chosen.kernel_index(workload.dims_at((t,))) < len(chosen.kernels) for t in range(1, 129))
+
+
+@pytest.mark.skipif(build.nvcc() is None, reason="needs nvcc (the CUDA toolkit)")
+def test_cuda_bundle_carries_the_kernels_and_the_compiled_tree(tmp_path):
+    chosen = dispatch.build_dispatch(replayed_search(WORKLOADS[2])[0])
+    manifest = build.write_bundle([chosen], tmp_path / "bundle")
+    entry = manifest["workloads"][0]
+    assert [k["name"] for k in entry["kernels"]] == [k.name for k in chosen.kernels]
+    assert all(k["static_dims"] is None for k in entry["kernels"])
+    assert (tmp_path / "bundle" / entry["fatbin"]).stat().st_size > 1000
+    library = ctypes.CDLL(str(tmp_path / "bundle" / manifest["dispatch_library"]))
+    tree = getattr(library, entry["dispatch"])
+    tree.restype, tree.argtypes = ctypes.c_int64, [ctypes.c_int64] * 4
+    workload = chosen.workload
+    for t in range(0, 131):
+        dims = workload.dims_at((t,))
+        assert tree(*(dims[d] for d in "bmnk")) == chosen.kernel_index(dims), t

@@ -30,7 +30,7 @@ WORKLOAD = Workload("dense", (1, 100), 64, 32)
 def synthetic_seconds(kernel, shape, k_true=0.6, workload=WORKLOAD, hw=HW):
     """A machine whose kernels follow the cost formula exactly."""
     mk = 10.0 + kernel.tile_m * kernel.tile_n / 8 + (5.0 if kernel.k_outer else 0.0)
-    gflops = mk * cost_model.shape_factor(workload, kernel, shape, hw.cores, k_true)
+    gflops = mk * cost_model.shape_factor(workload, kernel, shape, hw, k_true)
     return workload.flops(workload.dims_at(shape)) / (gflops * 1e9)
 
 
@@ -48,16 +48,16 @@ class FormulaRunner:
 def test_occupancy_and_padding_factors():
     kernel = MicroKernel(tile_m=4, tile_n=16, tile_k=32, task_n=2, k_outer=True)
     dims = WORKLOAD.dims_at((9,))
-    assert cost_model.task_count(WORKLOAD, kernel, dims) == 3 * 2   # 3 row tiles x 64/(16*2) column tasks
+    assert HW.task_count(WORKLOAD, kernel, dims) == 3 * 2   # 3 row tiles x 64/(16*2) column tasks
     assert cost_model.f_occ(6, 4, 1.0) == pytest.approx(6 / 8)
     assert cost_model.f_occ(6, 4, 0.0) == 1.0
     assert cost_model.f_occ(8, 4, 0.7) == pytest.approx(1.0)
-    assert cost_model.f_pad(WORKLOAD, kernel, dims) == pytest.approx(9 * 64 / (12 * 64))
+    assert cost_model.f_pad(WORKLOAD, kernel, dims, HW) == pytest.approx(9 * 64 / (12 * 64))
     attention = Workload("batch_matmul", (1, 128), (1, 128), 64, b=192, ties=("m", "n"))
     dims = attention.dims_at((17,))
     assert (dims["m"], dims["n"], dims["b"], dims["k"]) == (17, 17, 192, 64)
-    assert cost_model.task_count(attention, kernel, dims) == 192 * 1  # 17 columns fit one 32-wide task
-    assert cost_model.f_pad(attention, kernel, dims) == pytest.approx(17 * 17 / (20 * 32))
+    assert HW.task_count(attention, kernel, dims) == 192 * 1  # 17 columns fit one 32-wide task
+    assert cost_model.f_pad(attention, kernel, dims, HW) == pytest.approx(17 * 17 / (20 * 32))
 
 
 def test_occupancy_coefficient_is_learned_from_measurements():
@@ -66,7 +66,7 @@ def test_occupancy_coefficient_is_learned_from_measurements():
     kernels = [k for k in micro_kernel.space(HW, WORKLOAD) if k.task_m][:12]
     records = [Measurement(k, (m,), synthetic_seconds(k, (m,), k_true=0.6)) for k in kernels
                for m in (1, 3, 7, 20, 61, 100)]
-    assert cost_model.fit_occupancy(records, WORKLOAD, HW.cores) == pytest.approx(0.6)
+    assert cost_model.fit_occupancy(records, WORKLOAD, HW) == pytest.approx(0.6)
 
 
 def test_model_predicts_held_out_shapes_of_measured_kernels():
@@ -102,7 +102,7 @@ def test_first_batch_spreads_over_register_heavy_kernels():
     workload = Workload("dense", (1, 100), 768, 3072)
     search.search(workload, HW, runner, search.SearchOptions(trials=6, batch=6, seed=5), progress=False)
     assert len(set(runner.measured)) == 6
-    assert all(cost_model.accumulator_share(k, HW) >= 0.5 for k in runner.measured)
+    assert all(micro_kernel.accumulator_share(k, HW) >= 0.5 for k in runner.measured)
     for field in ("k_outer", "packed", "tile_m", "tile_n", "tile_k", "task_n"):
         assert len({getattr(k, field) for k in runner.measured}) >= 2, field
 

@@ -37,7 +37,8 @@ def dispatch_symbol(workload_index: int) -> str:
     return f"tf_dietcode_dispatch_w{workload_index}"
 
 
-def _compile_dispatch(dispatches: list[Dispatch], directory: pathlib.Path) -> pathlib.Path:
+def compile_dispatch(dispatches: list[Dispatch], directory: pathlib.Path) -> pathlib.Path:
+    """The trees as C (dispatch.c, one dispatch_symbol(i) each) compiled to an object file in `directory`."""
     source = directory / "dispatch.c"
     source.write_text("#include <stdint.h>\n\n" + "\n".join(
         d.c_source(dispatch_symbol(i)) for i, d in enumerate(dispatches)))
@@ -103,7 +104,7 @@ def build_bundle(dispatches: list[Dispatch], hw: Hardware, directory: str | path
     executable = measure.build(tvm.IRModule(functions), hw)
 
     with atomic_directory(directory) as staging:
-        executable.export_library(str(staging / LIBRARY), addons=[str(_compile_dispatch(dispatches, staging))])
+        executable.export_library(str(staging / LIBRARY), addons=[str(compile_dispatch(dispatches, staging))])
         for leftover in ("dispatch.c", "dispatch.o"):
             (staging / leftover).unlink()
         _check(staging / LIBRARY, dispatches, samples, seed)

@@ -6,6 +6,10 @@ serves every shape of the workload (joint learning). f_occ models cores left
 idle in the last wave of tasks, with its coefficient k fitted to this
 machine's measurements; f_pad is the useful fraction of the padded work. The
 model is an estimator (fit / predict) over measurement records.
+
+`hw` is the target: the CPU's Hardware or a GPU's GpuTarget
+(tuning/cuda/target.py). Each says what a kernel's features, parallel tasks
+and padded work are, and how many parallel units (cores, SMs) run the tasks.
 """
 
 import math
@@ -13,18 +17,10 @@ import math
 import numpy as np
 from scipy.interpolate import RegularGridInterpolator
 
-from tf_dietcode.tuning import templates
-from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.measure import Measurement
-from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
 
 OCCUPANCY_GRID = np.linspace(0.0, 1.0, 21)
-
-
-def task_count(workload: Workload, kernel: MicroKernel, dims: dict) -> int:
-    """Parallel tasks of one call (dims: sizes, or arrays of sizes for many shapes at once)."""
-    return templates.for_workload(workload).task_count(workload, kernel, dims)
 
 
 def f_occ(tasks, cores: int, k: float):
@@ -35,43 +31,23 @@ def f_occ(tasks, cores: int, k: float):
     return np.where(waves == 0, 1.0, k * tasks / np.maximum(waves, 1) + (1.0 - k))
 
 
-def f_pad(workload: Workload, kernel: MicroKernel, dims: dict):
+def f_pad(workload: Workload, kernel, dims: dict, hw):
     """Useful fraction of the computed (padded) output (nothing computed: 1). Elementwise over arrays of dims."""
-    computed = np.asarray(templates.for_workload(workload).computed_elements(workload, kernel, dims))
+    computed = np.asarray(hw.computed_elements(workload, kernel, dims))
     return np.where(computed == 0, 1.0, dims["b"] * dims["m"] * dims["n"] / np.maximum(computed, 1))
-
-
-def accumulator_share(kernel: MicroKernel, hw: Hardware) -> float:
-    """Share of the vector registers holding the register tile's accumulators."""
-    return kernel.tile_m * kernel.tile_n / hw.vector_lanes / hw.vector_registers
-
-
-def features(kernel: MicroKernel, hw: Hardware) -> list[float]:
-    """What decides a micro-kernel's speed: tile shape, register use, cache footprints,
-    loop order, the weight's layout (a packed panel is contiguous; in place, each
-    k row of it is a separate stride of N floats, unless the task copies its panel
-    for task_m row tiles) and how batch-matmul tasks split the work."""
-    vectors = kernel.tile_n / hw.vector_lanes
-    return [kernel.tile_m, kernel.tile_n, kernel.tile_k, kernel.task_n, float(kernel.k_outer),
-            vectors, kernel.tile_m * vectors + vectors + 1,               # registers in use
-            accumulator_share(kernel, hw),
-            kernel.tile_k * kernel.tile_n * 4 / hw.l1d_bytes,              # weight panel vs L1
-            kernel.tile_k * kernel.tile_n * kernel.task_n * 4 / hw.l2_bytes,  # task's panel vs L2
-            float(kernel.tile_n % (2 * hw.vector_lanes) == 0), float(kernel.packed), kernel.task_m,
-            float(kernel.whole_batch)]
 
 
 class CostModel:
     """Predicts GFLOP/s of any micro-kernel at any M of one workload."""
 
-    def __init__(self, workload: Workload, hw: Hardware, seed: int = 0):
+    def __init__(self, workload: Workload, hw, seed: int = 0):
         self.workload, self.hw, self.seed = workload, hw, seed
         self.k = 1.0
         self._booster = None
 
-    def shape_factor(self, kernel: MicroKernel, shape: tuple[int, ...]) -> float:
+    def shape_factor(self, kernel, shape: tuple[int, ...]) -> float:
         """f_occ * f_pad of kernel at a shape (values of the workload's variables)."""
-        return shape_factor(self.workload, kernel, shape, self.hw.cores, self.k)
+        return shape_factor(self.workload, kernel, shape, self.hw, self.k)
 
     def fit(self, measurements: list[Measurement]) -> "CostModel":
         import xgboost
@@ -79,12 +55,12 @@ class CostModel:
         usable = [r for r in measurements if r.seconds]
         if not usable:
             return self
-        self.k = fit_occupancy(usable, self.workload, self.hw.cores)
+        self.k = fit_occupancy(usable, self.workload, self.hw)
         by_kernel = kernel_throughputs(usable, self)
         kernels = sorted(by_kernel)
         self._booster = xgboost.XGBRegressor(n_estimators=120, max_depth=4, learning_rate=0.15,
                                              random_state=self.seed, n_jobs=1)
-        self._booster.fit(np.array([features(k, self.hw) for k in kernels]),
+        self._booster.fit(np.array([self.hw.kernel_features(k) for k in kernels]),
                           np.log([by_kernel[k] for k in kernels]))
         return self
 
@@ -92,63 +68,62 @@ class CostModel:
     def fitted(self) -> bool:
         return self._booster is not None
 
-    def predict_mk(self, kernels: list[MicroKernel]) -> np.ndarray:
+    def predict_mk(self, kernels: list) -> np.ndarray:
         """f_MK: GFLOP/s of each kernel at full occupancy with no padding."""
-        return np.exp(self._booster.predict(np.array([features(k, self.hw) for k in kernels])))
+        return np.exp(self._booster.predict(np.array([self.hw.kernel_features(k) for k in kernels])))
 
-    def shape_factors(self, kernels: list[MicroKernel], shapes: list[tuple[int, ...]]) -> np.ndarray:
+    def shape_factors(self, kernels: list, shapes: list[tuple[int, ...]]) -> np.ndarray:
         """f_occ * f_pad of each kernel (rows) at each shape (columns)."""
         dims = self.workload.dims_over(shapes)  # arrays: one numpy expression per kernel covers every shape
-        return np.array([_shape_factor(self.workload, kernel, dims, self.hw.cores, self.k)
+        return np.array([_shape_factor(self.workload, kernel, dims, self.hw, self.k)
                          for kernel in kernels]).reshape(len(kernels), len(shapes))
 
-    def predict(self, kernels: list[MicroKernel], shapes: list[tuple[int, ...]]) -> np.ndarray:
+    def predict(self, kernels: list, shapes: list[tuple[int, ...]]) -> np.ndarray:
         """GFLOP/s of each kernel (rows) at each shape (columns)."""
         return self.predict_mk(kernels)[:, None] * self.shape_factors(kernels, shapes)
 
 
-def shape_factor(workload: Workload, kernel: MicroKernel, shape: tuple[int, ...], cores: int, k: float) -> float:
-    return float(_shape_factor(workload, kernel, workload.dims_at(shape), cores, k))
+def shape_factor(workload: Workload, kernel, shape: tuple[int, ...], hw, k: float) -> float:
+    return float(_shape_factor(workload, kernel, workload.dims_at(shape), hw, k))
 
 
-def _shape_factor(workload: Workload, kernel: MicroKernel, dims: dict, cores: int, k: float):
-    return f_occ(task_count(workload, kernel, dims), cores, k) * f_pad(workload, kernel, dims)
+def _shape_factor(workload: Workload, kernel, dims: dict, hw, k: float):
+    return f_occ(hw.task_count(workload, kernel, dims), hw.cores, k) * f_pad(workload, kernel, dims, hw)
 
 
 def observed_gflops(workload: Workload, record: Measurement) -> float:
     return workload.flops(workload.dims_at(record.shape)) / record.seconds / 1e9
 
 
-def _normalized_logs(measurements: list[Measurement], workload: Workload, cores: int,
-                     k: float) -> dict[MicroKernel, list[float]]:
+def _normalized_logs(measurements: list[Measurement], workload: Workload, hw, k: float) -> dict:
     """Per kernel, log of each successful measurement's GFLOP/s divided by f_occ * f_pad."""
-    logs: dict[MicroKernel, list[float]] = {}
+    logs: dict = {}
     for record in measurements:
         if record.seconds:
-            factor = shape_factor(workload, record.kernel, record.shape, cores, k)
+            factor = shape_factor(workload, record.kernel, record.shape, hw, k)
             logs.setdefault(record.kernel, []).append(math.log(observed_gflops(workload, record) / factor))
     return logs
 
 
-def kernel_throughputs(measurements: list[Measurement], model: CostModel) -> dict[MicroKernel, float]:
+def kernel_throughputs(measurements: list[Measurement], model: CostModel) -> dict:
     """Each measured kernel's f_MK: its observed GFLOP/s with shape effects divided out
     (geometric mean over its shapes)."""
-    logs = _normalized_logs(measurements, model.workload, model.hw.cores, model.k)
+    logs = _normalized_logs(measurements, model.workload, model.hw, model.k)
     return {kernel: math.exp(sum(v) / len(v)) for kernel, v in logs.items()}
 
 
-def fit_occupancy(measurements: list[Measurement], workload: Workload, cores: int) -> float:
+def fit_occupancy(measurements: list[Measurement], workload: Workload, hw) -> float:
     """The k that makes each kernel's normalized throughput most constant across shapes."""
     best_k, best_spread = 1.0, math.inf
     for k in OCCUPANCY_GRID:
-        logs = _normalized_logs(measurements, workload, cores, float(k))
+        logs = _normalized_logs(measurements, workload, hw, float(k))
         spread = sum(float(np.var(values)) * len(values) for values in logs.values())
         if spread < best_spread - 1e-12:
             best_k, best_spread = float(k), spread
     return best_k
 
 
-def calibrated_gflops(measurements: list[Measurement], model: CostModel, kernels: list[MicroKernel],
+def calibrated_gflops(measurements: list[Measurement], model: CostModel, kernels: list,
                       shapes: list[tuple[int, ...]]) -> np.ndarray:
     """GFLOP/s of measured kernels (rows) at any shapes (columns): the cost formula
     f_MK * f_occ * f_pad times its own error at the shapes each kernel was measured at,
@@ -160,7 +135,7 @@ def calibrated_gflops(measurements: list[Measurement], model: CostModel, kernels
     on a Zen 1 machine ran a kernel measured at 53 GFLOP/s where another measured 64.
     """
     throughputs = kernel_throughputs(measurements, model)
-    errors: dict[MicroKernel, dict[tuple[int, ...], list[float]]] = {}
+    errors: dict = {}  # kernel -> shape -> log errors
     for record in measurements:
         if record.seconds and record.kernel in throughputs:
             formula = throughputs[record.kernel] * model.shape_factor(record.kernel, record.shape)

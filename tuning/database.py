@@ -39,28 +39,29 @@ class Database:
             with open(self.path, "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in records)
 
-    def _usable(self, target: str):
-        """(workload key, measurement) of every record on this target by these templates;
-        records of another format are skipped."""
+    def _usable(self, target: str, kernel_type: type):
+        """(workload key, measurement) of every record on this target by these templates,
+        its kernel a `kernel_type` (the target's); records of another format are skipped."""
         for record in self._records:
             if record.get("target") == target and record.get("templates") == TEMPLATES_VERSION:
                 try:
-                    yield record["workload"], Measurement.from_json(record)
+                    yield record["workload"], Measurement.from_json(record, kernel_type)
                 except (KeyError, TypeError):
                     continue
 
-    def measurements(self, workload: Workload, target: str) -> list[Measurement]:
+    def measurements(self, workload: Workload, target: str, kernel_type: type = MicroKernel) -> list[Measurement]:
         """This workload's records on this target by these templates."""
         key = workload.key()
-        return [measurement for record_key, measurement in self._usable(target) if record_key == key]
+        return [measurement for record_key, measurement in self._usable(target, kernel_type) if record_key == key]
 
-    def best_kernels_elsewhere(self, workload: Workload, target: str, per_workload: int) -> list[MicroKernel]:
+    def best_kernels_elsewhere(self, workload: Workload, target: str, per_workload: int,
+                               kernel_type: type = MicroKernel) -> list:
         """The fastest kernels (geometric mean GFLOP/s over their shapes) of each other
         workload of the same kind, operand layout and cache state on this target: where one tuning
         run or an earlier one already found good tiles for a similar product, a new
         workload's search starts from them instead of from scratch."""
         own_key, by_workload = workload.key(), collections.defaultdict(list)
-        for key, measurement in self._usable(target):
+        for key, measurement in self._usable(target, kernel_type):
             if key != own_key and measurement.seconds:
                 by_workload[key].append(measurement)
         best = []

@@ -22,7 +22,6 @@ from sklearn.tree import DecisionTreeClassifier
 from tf_dietcode.tuning.cost_model import calibrated_gflops
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.search import SearchResult
-from tf_dietcode.tuning.templates import dense
 from tf_dietcode.tuning.workload import DIMS, Workload
 
 MAX_LEAVES = 32
@@ -86,7 +85,7 @@ def build_dispatch(result: SearchResult) -> Dispatch:
     shapes = [shape for shape, kept in zip(every_shape, keep) if kept]
     layouts: dict[tuple, list[MicroKernel]] = {}
     for kernel in measured:
-        layouts.setdefault(tuple(dense.weight_layout(workload, kernel).items()), []).append(kernel)
+        layouts.setdefault(tuple(model.hw.weight_layout(workload, kernel).items()), []).append(kernel)
 
     by_kernel = dict(zip(measured, calibrated_gflops(result.measurements, model, measured, shapes)))
     weights = shape_weights(shapes)

@@ -10,6 +10,7 @@ import os
 import pathlib
 
 from tf_dietcode import cpu_features
+from tf_dietcode.tuning import micro_kernel
 
 CACHE_DIR = pathlib.Path("/sys/devices/system/cpu/cpu0/cache")
 
@@ -35,6 +36,43 @@ class Hardware:
         import tvm
 
         return tvm.target.Target({"kind": "llvm", "mcpu": self.mcpu, "num-cores": self.cores})
+
+    # What the search and the cost model ask of a target; a GPU's GpuTarget
+    # (tuning/cuda/target.py) answers the same for its kernels.
+    kernel_type = micro_kernel.MicroKernel
+
+    @property
+    def name(self) -> str:
+        """The tuning database's key for measurements taken here."""
+        return self.mcpu
+
+    def space(self, workload) -> list:
+        return micro_kernel.space(self, workload)
+
+    def kernel_features(self, kernel) -> list[float]:
+        return micro_kernel.features(kernel, self)
+
+    def busy(self, kernel) -> bool:
+        """Worth a place in the first batch: accumulators fill at least half the vector registers."""
+        return micro_kernel.accumulator_share(kernel, self) >= 0.5
+
+    def task_count(self, workload, kernel, dims: dict):
+        """Parallel tasks of one call (dims: sizes, or arrays of sizes for many shapes at once)."""
+        from tf_dietcode.tuning import templates  # TVM: loaded only where kernels are built
+
+        return templates.for_workload(workload).task_count(workload, kernel, dims)
+
+    def computed_elements(self, workload, kernel, dims: dict):
+        """Output elements computed including padding."""
+        from tf_dietcode.tuning import templates
+
+        return templates.for_workload(workload).computed_elements(workload, kernel, dims)
+
+    def weight_layout(self, workload, kernel) -> dict:
+        """The layout in which the kernel reads a static weight (kernels of one dispatch share it)."""
+        from tf_dietcode.tuning.templates import dense
+
+        return dense.weight_layout(workload, kernel)
 
 
 def _cache_bytes(level: int, default: int) -> int:

@@ -27,7 +27,7 @@ from tf_dietcode.tuning.workload import Workload
 
 @dataclasses.dataclass(frozen=True)
 class Measurement:
-    kernel: MicroKernel
+    kernel: MicroKernel        # or the target's kernel type (a GpuKernel on CUDA)
     shape: tuple[int, ...]     # values of workload.variables()
     seconds: float | None      # median seconds per call; None when it failed
     error: str | None = None
@@ -36,8 +36,8 @@ class Measurement:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, record: dict) -> "Measurement":
-        return cls(MicroKernel(**record["kernel"]), tuple(record["shape"]), record["seconds"], record["error"])
+    def from_json(cls, record: dict, kernel_type: type = MicroKernel) -> "Measurement":
+        return cls(kernel_type(**record["kernel"]), tuple(record["shape"]), record["seconds"], record["error"])
 
 
 # LoopPartition also splits loops of constant trip count: a tile's write-back loop runs

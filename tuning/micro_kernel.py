@@ -8,9 +8,12 @@ not divide the dims: local padding handles the remainder.
 
 import dataclasses
 import itertools
+from typing import TYPE_CHECKING
 
-from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.workload import Workload
+
+if TYPE_CHECKING:  # hardware.py uses this module to answer for its kernels
+    from tf_dietcode.tuning.hardware import Hardware
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -33,7 +36,7 @@ class MicroKernel:
         return f"m{self.tile_m}_n{self.tile_n}_k{self.tile_k}_t{self.task_n}_{order}{layout}{rows}{batch}"
 
 
-def _register_tiles(hw: Hardware):
+def _register_tiles(hw: "Hardware"):
     """(rows, columns) whose accumulators, one B row and one A broadcast fit the registers."""
     for vectors in (1, 2, 3, 4):
         for rows in range(1, 9):
@@ -41,7 +44,7 @@ def _register_tiles(hw: Hardware):
                 yield rows, vectors * hw.vector_lanes
 
 
-def _k_blocks(hw: Hardware, workload: Workload, tile_n: int):
+def _k_blocks(hw: "Hardware", workload: Workload, tile_n: int):
     """K cache blocks whose panel (tile_k x tile_n) fits in half of L2: divisors of a
     static K (and K itself), or powers of two up to K's maximum when K is dynamic
     (the reduction is then padded to whole blocks)."""
@@ -62,7 +65,7 @@ def _weight_layouts(workload: Workload, tile_n: int, task_n: int) -> list[bool]:
     return [packed for packed in allowed if packed or workload.n.hi % (tile_n * task_n) == 0]
 
 
-def _row_tiles_per_task(hw: Hardware, workload: Workload, tile_n: int, task_n: int,
+def _row_tiles_per_task(hw: "Hardware", workload: Workload, tile_n: int, task_n: int,
                         packed: bool) -> tuple[int, ...]:
     """task_m values. A pre-packed weight's tasks may also split N only (0), each
     running every row tile over its panel: the panel then comes from memory once, to
@@ -95,7 +98,7 @@ def _batch_tasks(workload: Workload, tile_n: int, task_n: int) -> tuple[bool, ..
     return (False, True)
 
 
-def space(hw: Hardware, workload: Workload) -> list[MicroKernel]:
+def space(hw: "Hardware", workload: Workload) -> list[MicroKernel]:
     """Every micro-kernel the hardware admits for this workload (sizes from hardware limits)."""
     micro_kernels = []
     for (tile_m, tile_n), task_n, k_outer in itertools.product(_register_tiles(hw), (1, 2, 4, 8), (True, False)):
@@ -108,3 +111,24 @@ def space(hw: Hardware, workload: Workload) -> list[MicroKernel]:
                                   for task_m in _row_tiles_per_task(hw, workload, tile_n, task_n, packed)
                                   for whole_batch in _batch_tasks(workload, tile_n, task_n)]
     return micro_kernels
+
+
+def accumulator_share(kernel: MicroKernel, hw: "Hardware") -> float:
+    """Share of the vector registers holding the register tile's accumulators."""
+    return kernel.tile_m * kernel.tile_n / hw.vector_lanes / hw.vector_registers
+
+
+def features(kernel: MicroKernel, hw: "Hardware") -> list[float]:
+    """What decides a micro-kernel's speed (the cost model's f_MK input): tile shape,
+    register use, cache footprints, loop order, the weight's layout (a packed panel
+    is contiguous; in place, each k row of it is a separate stride of N floats,
+    unless the task copies its panel for task_m row tiles) and how batch-matmul
+    tasks split the work."""
+    vectors = kernel.tile_n / hw.vector_lanes
+    return [kernel.tile_m, kernel.tile_n, kernel.tile_k, kernel.task_n, float(kernel.k_outer),
+            vectors, kernel.tile_m * vectors + vectors + 1,               # registers in use
+            accumulator_share(kernel, hw),
+            kernel.tile_k * kernel.tile_n * 4 / hw.l1d_bytes,              # weight panel vs L1
+            kernel.tile_k * kernel.tile_n * kernel.task_n * 4 / hw.l2_bytes,  # task's panel vs L2
+            float(kernel.tile_n % (2 * hw.vector_lanes) == 0), float(kernel.packed), kernel.task_m,
+            float(kernel.whole_batch)]

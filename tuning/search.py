@@ -18,11 +18,9 @@ import random
 import numpy as np
 from tqdm import tqdm
 
-from tf_dietcode.tuning.cost_model import CostModel, accumulator_share, features, kernel_throughputs
+from tf_dietcode.tuning.cost_model import CostModel, kernel_throughputs
 from tf_dietcode.tuning.database import Database
-from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.measure import Measurement
-from tf_dietcode.tuning.micro_kernel import MicroKernel, space
 from tf_dietcode.tuning.workload import Workload
 
 
@@ -59,7 +57,7 @@ def sample_shapes(workload: Workload, count: int) -> list[tuple[int, ...]]:
     return list(itertools.product(*axes))
 
 
-def _neighbours(kernel: MicroKernel, values: dict[str, list], rng: random.Random) -> MicroKernel:
+def _neighbours(kernel, values: dict[str, list], rng: random.Random):
     """One parameter moved to an adjacent value of the space."""
     name = rng.choice(list(values))
     options = values[name]
@@ -68,11 +66,11 @@ def _neighbours(kernel: MicroKernel, values: dict[str, list], rng: random.Random
     return dataclasses.replace(kernel, **{name: options[index]})
 
 
-def _crossover(a: MicroKernel, b: MicroKernel, rng: random.Random) -> MicroKernel:
-    return MicroKernel(**{f.name: getattr(rng.choice((a, b)), f.name) for f in dataclasses.fields(MicroKernel)})
+def _crossover(a, b, rng: random.Random):
+    return type(a)(**{f.name: getattr(rng.choice((a, b)), f.name) for f in dataclasses.fields(a)})
 
 
-def _breed(parents: list[MicroKernel], space_set: set, values: dict, count: int, rng: random.Random) -> set:
+def _breed(parents: list, space_set: set, values: dict, count: int, rng: random.Random) -> set:
     children = set()
     for _ in range(count * 20):
         if len(children) >= count:
@@ -84,23 +82,25 @@ def _breed(parents: list[MicroKernel], space_set: set, values: dict, count: int,
     return children
 
 
-def search(workload: Workload, hw: Hardware, runner, options: SearchOptions = SearchOptions(),
+def search(workload: Workload, hw, runner, options: SearchOptions = SearchOptions(),
            database: Database | None = None, progress: bool = True,
            shapes: list[tuple[int, ...]] | None = None) -> SearchResult:
     """Tunes one workload's micro-kernels jointly for its sample shapes (by default
-    sample_shapes(workload, options.samples), which span the whole range)."""
+    sample_shapes(workload, options.samples), which span the whole range). `hw`:
+    the target (the CPU's Hardware, or a GpuTarget), which gives the space."""
     database = database or Database()
     rng = random.Random(options.seed)
-    space_list = space(hw, workload)
+    space_list = hw.space(workload)
     space_set = set(space_list)
-    values = {f.name: sorted({getattr(k, f.name) for k in space_list}) for f in dataclasses.fields(MicroKernel)}
+    values = {f.name: sorted({getattr(k, f.name) for k in space_list}) for f in dataclasses.fields(hw.kernel_type)}
     shapes = shapes or sample_shapes(workload, options.samples)
     model = CostModel(workload, hw, options.seed)
-    measurements = [r for r in database.measurements(workload, hw.mcpu) if r.shape in shapes]
+    measurements = [r for r in database.measurements(workload, hw.name, hw.kernel_type) if r.shape in shapes]
     measured = {r.kernel for r in measurements}
     model.fit(measurements)
     trials = min(options.trials, len(space_list))
-    seeds = [k for k in database.best_kernels_elsewhere(workload, hw.mcpu, SEEDS_PER_WORKLOAD) if k in space_set]
+    seeds = [k for k in database.best_kernels_elsewhere(workload, hw.name, SEEDS_PER_WORKLOAD, hw.kernel_type)
+             if k in space_set]
     with tqdm(total=trials, initial=min(len(measured), trials), desc="tuning", unit="kernel",
               disable=not progress) as bar:
         while len(measured) < trials:
@@ -108,7 +108,7 @@ def search(workload: Workload, hw: Hardware, runner, options: SearchOptions = Se
             batch = _next_batch(model, measurements, space_list, space_set, values, measured, shapes,
                                 batch_size, options, rng, seeds)
             results = runner.run(workload, batch, shapes, seed=options.seed, best=_fastest(measurements))
-            database.add(workload, hw.mcpu, results)
+            database.add(workload, hw.name, results)
             measurements.extend(results)
             measured.update(batch)
             model.fit(measurements)
@@ -125,12 +125,12 @@ def _fastest(measurements: list[Measurement]) -> dict[tuple[int, ...], float]:
     return fastest
 
 
-def _spread(kernels: list[MicroKernel], hw: Hardware, size: int, rng: random.Random) -> list[MicroKernel]:
+def _spread(kernels: list, hw, size: int, rng: random.Random) -> list:
     """A space-filling first batch: from a random start, each next kernel is the one
     farthest (in standardised cost-model features) from those already picked, so the
     first model sees the space's extremes (small and large register tiles, both
     loop orders and weight layouts) rather than a random clump."""
-    points = np.array([features(k, hw) for k in kernels])
+    points = np.array([hw.kernel_features(k) for k in kernels])
     points = (points - points.mean(axis=0)) / np.maximum(points.std(axis=0), 1e-9)
     picked = [rng.randrange(len(kernels))]
     distance = np.linalg.norm(points - points[picked[0]], axis=1)
@@ -144,7 +144,7 @@ def _next_batch(model, measurements, space_list, space_set, values, measured, sh
     unmeasured = [k for k in space_list if k not in measured]
     if not model.fitted:  # the first batch: up to half from seeds, the rest spread over the space
         first = [k for k in seeds if k not in measured][:size // 2]
-        busy = [k for k in unmeasured if accumulator_share(k, model.hw) >= 0.5 and k not in first]
+        busy = [k for k in unmeasured if model.hw.busy(k) and k not in first]
         return first + _spread(busy or unmeasured, model.hw, size - len(first), rng)
     best = sorted(kernel_throughputs(measurements, model).items(), key=lambda kv: -kv[1])
     parents = [k for k, _ in best[:8]]

@@ -11,8 +11,8 @@ manifest records, per kernel, its symbol, parameter types and launch rule
 import concurrent.futures
 import dataclasses
 import hashlib
-import os
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -21,13 +21,16 @@ import subprocess
 import tvm
 
 from tf_dietcode.atomic_output import atomic_directory
+from tf_dietcode.tuning import bundle
 from tf_dietcode.tuning.cuda import schedule
 from tf_dietcode.tuning.cuda.space import GpuKernel
+from tf_dietcode.tuning.dispatch import Dispatch
 from tf_dietcode.tuning.workload import Workload
 
 FORMAT = "tf_dietcode.cuda_kernels"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+DISPATCH = "dispatch.so"
 ARCHS = ("sm_80", "sm_90")
 _SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\((\d+)\) (\w+)\(([^)]*)\)\s*\{')
 _PARAM_TYPES = {"float*": "pointer", "int": "int32", "float": "float32", "int64_t": "int64"}
@@ -109,13 +112,16 @@ def spills(report: str) -> dict[str, int]:
 
 
 def build(entries: list[tuple[Workload, list[tuple[GpuKernel, dict[str, int] | None]]]],
-          shapes: dict[str, list[dict[str, int]]], directory: pathlib.Path | str,
-          archs: tuple[str, ...] = ARCHS, ptx: bool = True) -> dict:
+          shapes: dict[str, list[dict[str, int]]] | None, directory: pathlib.Path | str,
+          archs: tuple[str, ...] = ARCHS, ptx: bool = True, dispatches: list[Dispatch] | None = None) -> dict:
     """Compile every (kernel, dims) of every workload (dims None: symbolic) into one
     fatbin per workload and write them with a manifest to `directory` (atomically).
     `shapes`: per workload key, the dims a runner should measure the workload at.
     `archs`: the machine code it carries and `ptx` whether PTX comes too (a
-    measurement set for one GPU needs only that GPU's machine code)."""
+    measurement set for one GPU needs only that GPU's machine code). `dispatches`:
+    one per workload, choosing among its kernels in order; their trees are compiled
+    into DISPATCH, a C library (see write_bundle)."""
+    shapes = shapes or {}
     with atomic_directory(pathlib.Path(directory)) as staging:
         sources, workloads = [], []
         for w, (workload, kernels) in enumerate(entries):
@@ -128,7 +134,8 @@ def build(entries: list[tuple[Workload, list[tuple[GpuKernel, dict[str, int] | N
             (staging / f"w{w}.cu").write_text(prelude + "\n".join(bodies))
             sources.append(staging / f"w{w}.cu")
             workloads.append({"workload": json.loads(workload.key()), "describe": workload.describe(),
-                              "fatbin": f"w{w}.fatbin", "shapes": shapes[workload.key()], "kernels": records})
+                              "fatbin": f"w{w}.fatbin", "shapes": shapes.get(workload.key(), []),
+                              "kernels": records})
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:  # nvcc is one process per file
             reports = list(pool.map(lambda s: compile_fatbin(s, s.with_suffix(".fatbin"), archs, ptx), sources))
         spilled = spills("\n".join(reports))
@@ -136,8 +143,29 @@ def build(entries: list[tuple[Workload, list[tuple[GpuKernel, dict[str, int] | N
             entry["fatbin_sha256"] = hashlib.sha256((staging / entry["fatbin"]).read_bytes()).hexdigest()
             for record in entry["kernels"]:
                 record["spill_bytes"] = spilled.get(record["launch"]["symbol"], 0)
+        if dispatches is not None:
+            _link_dispatch(dispatches, staging)
+            for w, entry in enumerate(workloads):
+                entry["dispatch"] = bundle.dispatch_symbol(w)
         manifest = {"format": FORMAT, "version": FORMAT_VERSION, "archs": list(archs), "tvm": tvm.__version__,
-                    "workloads": workloads}
+                    "dispatch_library": DISPATCH if dispatches is not None else None, "workloads": workloads}
         text = json.dumps(manifest, indent=1)
         (staging / MANIFEST).write_text(text)
     return json.loads(text)  # as a reader sees it (lists, not tuples)
+
+
+def _link_dispatch(dispatches: list[Dispatch], directory: pathlib.Path) -> None:
+    """The trees as a C shared library: dispatch_symbol(w)(b, m, n, k) -> kernel index, -1 outside the range."""
+    obj = bundle.compile_dispatch(dispatches, directory)
+    subprocess.run([os.environ.get("CC", "gcc"), "-shared", "-o", str(directory / DISPATCH), str(obj)], check=True)
+    obj.unlink()
+
+
+def write_bundle(dispatches: list[Dispatch], directory: pathlib.Path | str) -> dict:
+    """A CUDA kernel bundle: each dispatch's kernels, symbolic, in fatbins with sm_80 and
+    sm_90 machine code and PTX, the launch rules in the manifest, and the trees compiled
+    to C beside them, so a host program needs the CUDA driver and no compiler. Its kernels
+    are checked numerically where they are measured (bench/cuda_kernels.py), on the GPU:
+    a build machine without one cannot run them."""
+    return build([(d.workload, [(k, None) for k in d.kernels]) for d in dispatches], None, directory,
+                 dispatches=dispatches)

@@ -52,12 +52,21 @@ def prim_func(workload: Workload, dims: dict[str, int] | None = None) -> tirx.Pr
     return te.create_prim_func([x, y, *([addend] if addend is not None else []), alpha, out])
 
 
-def _fetch_to_shared(sch: s_tir.Schedule, fetch, k_outer, depth: int, kernel: GpuKernel) -> None:
+def _fetch_to_shared(sch: s_tir.Schedule, fetch, k_outer, depth: int, kernel: GpuKernel,
+                     k_major: bool = False) -> None:
     """Stage an operand tile in shared memory once per K step, every thread of the
     block copying a strided share (consecutive threads read consecutive addresses);
-    `depth`: the loops down to k_outer."""
+    `depth`: the loops down to k_outer. `k_major`: an operand stored [.., column, K]
+    (NT's y) is laid out [K, column] in the tile, so that the threads of a warp, which
+    run along columns, read consecutive words (stored as it comes, a tile_k-word
+    stride put up to 16 of them in one bank: NT ran at 0.6x cuBLAS from T = 81 on an
+    H200); its rows are padded by 4 words so that the transposing stores spread over
+    the banks too, and stay 16-byte aligned for vector loads."""
     sch.set_scope(fetch, 0, "shared")  # first: compute_at then sizes the tile for the whole block
     sch.compute_at(fetch, k_outer)
+    if k_major:
+        sch.transform_layout(fetch, ("write", 0), lambda p, j, r: (p, r, j))
+        sch.storage_align(fetch, 0, axis=1, factor=32, offset=4)
     threads_x, threads_y = kernel.threads
     axes = sch.get_loops(fetch)[depth:]
     _, ty, tx = sch.split(sch.fuse(*axes), [None, threads_y, threads_x])
@@ -89,7 +98,7 @@ def schedule(workload: Workload, kernel: GpuKernel, dims: dict[str, int] | None 
         fetch = optional_block(sch, f"{name}_pad")
         if fetch is None:  # nothing padded: a plain copy
             fetch = sch.cache_read(acc, index, "shared")
-        _fetch_to_shared(sch, fetch, k_outer, 6, kernel)
+        _fetch_to_shared(sch, fetch, k_outer, 6, kernel, k_major=name == "y" and workload.transpose_b)
     sch.decompose_reduction(acc, k_outer)
     for loop in (k_inner, i_tile, j_tile):
         sch.unroll(loop)

@@ -9,13 +9,14 @@ shape; tiles need not divide the dims (local padding does the rest).
 
 import dataclasses
 import itertools
+import re
 
 from tf_dietcode.tuning.cuda.limits import GpuLimits
 from tf_dietcode.tuning.workload import Workload
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 THREAD_TILES = (1, 2, 4, 8)
-K_STEPS = (8, 16, 32)
+K_STEPS = (8, 16, 32, 64)
 REGISTER_OVERHEAD = 24  # addresses, loop counters and the fetch's temporaries, besides the tile
 
 
@@ -35,6 +36,13 @@ class GpuKernel:
     @property
     def name(self) -> str:
         return f"g{self.block_m}x{self.block_n}_t{self.thread_m}x{self.thread_n}_k{self.tile_k}"
+
+    @classmethod
+    def from_name(cls, name: str) -> "GpuKernel":
+        match = re.fullmatch(r"g(\d+)x(\d+)_t(\d+)x(\d+)_k(\d+)", name)
+        if match is None:
+            raise ValueError(f"not a GPU kernel name: {name!r}")
+        return cls(*map(int, match.groups()))
 
     def registers(self) -> int:
         """Estimated registers a thread holds: its accumulators, one operand column and row."""
