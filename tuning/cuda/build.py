@@ -96,7 +96,8 @@ def compile_fatbin(source: pathlib.Path, output: pathlib.Path, archs: tuple[str,
                            "-o", str(output), str(source)],
                           capture_output=True, text=True)
     if done.returncode:
-        raise RuntimeError(f"nvcc failed on {source}:\n{done.stderr[-4000:]}")
+        errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+        raise RuntimeError(f"nvcc failed on {source}:\n" + "\n".join(errors[:20] or [done.stderr[-4000:]]))
     return done.stdout + done.stderr
 
 

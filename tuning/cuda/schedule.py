@@ -14,6 +14,7 @@ write-back of that tile, which alone checks M and N.
 import tvm
 from tvm import s_tir, te, tirx
 
+from tf_dietcode.tuning.cuda import space
 from tf_dietcode.tuning.cuda.space import GpuKernel
 from tf_dietcode.tuning.templates import activation, optional_block
 from tf_dietcode.tuning.workload import Workload
@@ -60,13 +61,13 @@ def _fetch_to_shared(sch: s_tir.Schedule, fetch, k_outer, depth: int, kernel: Gp
     (NT's y) is laid out [K, column] in the tile, so that the threads of a warp, which
     run along columns, read consecutive words (stored as it comes, a tile_k-word
     stride put up to 16 of them in one bank: NT ran at 0.6x cuBLAS from T = 81 on an
-    H200); its rows are padded by 4 words so that the transposing stores spread over
-    the banks too, and stay 16-byte aligned for vector loads."""
+    H200); its rows are padded by K_MAJOR_PADDING words so that the transposing stores
+    spread over the banks too, and stay 16-byte aligned for vector loads."""
     sch.set_scope(fetch, 0, "shared")  # first: compute_at then sizes the tile for the whole block
     sch.compute_at(fetch, k_outer)
     if k_major:
         sch.transform_layout(fetch, ("write", 0), lambda p, j, r: (p, r, j))
-        sch.storage_align(fetch, 0, axis=1, factor=32, offset=4)
+        sch.storage_align(fetch, 0, axis=1, factor=32, offset=space.K_MAJOR_PADDING)
     threads_x, threads_y = kernel.threads
     axes = sch.get_loops(fetch)[depth:]
     _, ty, tx = sch.split(sch.fuse(*axes), [None, threads_y, threads_x])

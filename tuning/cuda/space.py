@@ -18,6 +18,7 @@ BLOCK_SIZES = (8, 16, 32, 64, 128)
 THREAD_TILES = (1, 2, 4, 8)
 K_STEPS = (8, 16, 32, 64)
 REGISTER_OVERHEAD = 24  # addresses, loop counters and the fetch's temporaries, besides the tile
+K_MAJOR_PADDING = 4     # words past each K row of a tile laid out [K, columns]
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -48,18 +49,21 @@ class GpuKernel:
         """Estimated registers a thread holds: its accumulators, one operand column and row."""
         return self.thread_m * self.thread_n + self.thread_m + self.thread_n + REGISTER_OVERHEAD
 
-    def shared_bytes(self) -> int:
-        return (self.block_m + self.block_n) * self.tile_k * 4
+    def shared_bytes(self, workload: Workload) -> int:
+        """Both operand tiles; an NT y tile is laid out [K, columns] with rows padded by
+        K_MAJOR_PADDING words (see schedule._fetch_to_shared)."""
+        padding = K_MAJOR_PADDING if workload.kind == "batch_matmul" and workload.transpose_b else 0
+        return (self.block_m + self.block_n + padding) * self.tile_k * 4
 
 
-def _fits(kernel: GpuKernel, limits: GpuLimits) -> bool:
+def _fits(kernel: GpuKernel, limits: GpuLimits, workload: Workload) -> bool:
     """Whole warps (2 to 8 of them), shared tiles within the per-block limit, and
     registers that leave room for two resident blocks per SM (one block per SM
     cannot hide its own shared-memory waits)."""
     x, y = kernel.threads
     threads = x * y
     return (threads % limits.warp == 0 and 2 * limits.warp <= threads <= min(256, limits.threads_per_block)
-            and kernel.shared_bytes() <= limits.shared_bytes_per_block
+            and kernel.shared_bytes(workload) <= limits.shared_bytes_per_block
             and kernel.registers() <= limits.registers_per_thread
             and 2 * threads * kernel.registers() <= limits.registers_per_sm)
 
@@ -73,6 +77,6 @@ def space(limits: GpuLimits, workload: Workload) -> list[GpuKernel]:
                 or bk > 2 * max(workload.k.hi, 8):
             continue
         kernel = GpuKernel(bm, bn, tm, tn, bk)
-        if _fits(kernel, limits):
+        if _fits(kernel, limits, workload):
             kernels.append(kernel)
     return kernels
