@@ -10,7 +10,8 @@ is launched through the driver on torch's tensors, checked against torch in
 float64 (the output is NaN-filled first, so an unwritten tile shows), and
 timed; the peer is torch's cuBLAS call computing the same fused op (addmm
 with the bias, or baddbmm with the scale and addend; TF32 off), timed the same
-way in the same run. Timing: n back-to-back launches captured in a CUDA graph,
+way in the same run, before the kernels and again after them (cublas_again: the
+two bound the drift). Timing: n back-to-back launches captured in a CUDA graph,
 replayed between CUDA events (so Python's launch cost is not counted), the
 median of repeats divided by n. Writes measurements.csv and device.json.
 """
@@ -202,6 +203,8 @@ def main(kernel_set: pathlib.Path, out: pathlib.Path) -> None:
                     wrong = error(t, expected, call)
                     failures += wrong > TOLERANCE
                     writer.writerow([row[0], record["name"], static is not None, *row[3:], seconds(call), wrong])
+                # cuBLAS again after the kernels: the two timings bound the run's drift at this shape
+                writer.writerow([*row[:1], "cublas_again", False, *row[3:], seconds(peer), error(t, expected, peer)])
                 f.flush()
                 print(entry["describe"], "T =", shape["t"], "done", flush=True)
             print(entry["describe"], "kernels over tolerance:", failures, flush=True)

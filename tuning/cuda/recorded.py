@@ -37,7 +37,7 @@ class RecordedRunner:
         with open(measurements_csv, newline="") as f:
             for row in csv.DictReader(f):
                 workload = by_name.get(row["workload"])
-                if workload is None or row["kernel"] == "cublas" or row["static"] == "True":
+                if workload is None or row["kernel"].startswith("cublas") or row["static"] == "True":
                     continue
                 shape = shape_of(workload, {d: int(row[d]) for d in "bmnk"})
                 good = float(row["error"]) <= TOLERANCE

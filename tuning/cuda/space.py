@@ -49,10 +49,11 @@ class GpuKernel:
         """Estimated registers a thread holds: its accumulators, one operand column and row."""
         return self.thread_m * self.thread_n + self.thread_m + self.thread_n + REGISTER_OVERHEAD
 
-    def shared_bytes(self, workload: Workload) -> int:
+    def shared_bytes(self, workload: Workload | None = None) -> int:
         """Both operand tiles; an NT y tile is laid out [K, columns] with rows padded by
-        K_MAJOR_PADDING words (see schedule._fetch_to_shared)."""
-        padding = K_MAJOR_PADDING if workload.kind == "batch_matmul" and workload.transpose_b else 0
+        K_MAJOR_PADDING words (see schedule._fetch_to_shared). No workload: the tiles alone."""
+        nt = workload is not None and workload.kind == "batch_matmul" and workload.transpose_b
+        padding = K_MAJOR_PADDING if nt else 0
         return (self.block_m + self.block_n + padding) * self.tile_k * 4
 
 
