@@ -3,7 +3,7 @@
 Runs where the GPU is: needs only numpy, torch and the CUDA driver (no TVM, no
 TensorFlow, not this package), so it is a plain script:
 
-    python3 bench/cuda_kernels.py KERNEL_SET_DIR OUT_DIR
+    python3 bench/cuda_kernels.py KERNEL_SET_DIR OUT_DIR [ROUNDS]
 
 For every workload of the set, at every shape its manifest lists: each kernel
 is launched through the driver on torch's tensors, checked against torch in
@@ -13,7 +13,10 @@ with the bias, or baddbmm with the scale and addend; TF32 off), timed the same
 way in the same run, before the kernels and again after them (cublas_again: the
 two bound the drift). Timing: n back-to-back launches captured in a CUDA graph,
 replayed between CUDA events (so Python's launch cost is not counted), the
-median of repeats divided by n. Writes measurements.csv and device.json.
+median of repeats divided by n. With ROUNDS > 1 every kernel of a shape is
+timed once per round, round after round, so kernels compared with each other
+(a symbolic build and its static one) are timed interleaved, not minutes
+apart. Writes measurements.csv (a row per kernel, shape and round) and device.json.
 """
 
 import csv
@@ -172,7 +175,7 @@ def device_properties() -> dict:
             "cuda": torch.version.cuda, "blas": str(torch.backends.cuda.preferred_blas_library())}
 
 
-def main(kernel_set: pathlib.Path, out: pathlib.Path) -> None:
+def main(kernel_set: pathlib.Path, out: pathlib.Path, rounds: int = 1) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     manifest = json.loads((kernel_set / "manifest.json").read_text())
@@ -183,7 +186,7 @@ def main(kernel_set: pathlib.Path, out: pathlib.Path) -> None:
     generator = torch.Generator(device="cuda").manual_seed(0)
     with open(out / "measurements.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["workload", "kernel", "static", "t", "b", "m", "n", "k", "seconds", "error"])
+        writer.writerow(["workload", "kernel", "static", "t", "b", "m", "n", "k", "round", "seconds", "error"])
         for entry in manifest["workloads"]:
             workload, failures = entry["workload"], 0
             module = driver.load((kernel_set / entry["fatbin"]).read_bytes())
@@ -191,24 +194,25 @@ def main(kernel_set: pathlib.Path, out: pathlib.Path) -> None:
                 dims = {d: shape[d] for d in "bmnk"}
                 t = operands(workload, dims, generator)
                 expected = reference(workload, t)
-                row = [entry["describe"], None, None, shape["t"], *(dims[d] for d in "bmnk")]
                 peer = cublas_call(workload, t)
-                writer.writerow([*row[:1], "cublas", False, *row[3:], seconds(peer), error(t, expected, peer)])
-                for record in entry["kernels"]:
-                    static = record["static_dims"]
-                    if static is not None and static != dims:
-                        continue
-                    call = kernel_call(driver, driver.function(module, record["launch"]["symbol"]),
-                                       record["launch"], dims, t)
-                    wrong = error(t, expected, call)
-                    failures += wrong > TOLERANCE
-                    writer.writerow([row[0], record["name"], static is not None, *row[3:], seconds(call), wrong])
-                # cuBLAS again after the kernels: the two timings bound the run's drift at this shape
-                writer.writerow([*row[:1], "cublas_again", False, *row[3:], seconds(peer), error(t, expected, peer)])
+                calls = [(record, kernel_call(driver, driver.function(module, record["launch"]["symbol"]),
+                                              record["launch"], dims, t))
+                         for record in entry["kernels"] if record["static_dims"] in (None, dims)]
+                for record, call in calls:
+                    record["error"] = error(t, expected, call)
+                    failures += record["error"] > TOLERANCE
+                for round_ in range(rounds):  # each round times every kernel: rounds interleave them
+                    row = [entry["describe"], shape["t"], *(dims[d] for d in "bmnk"), round_]
+                    writer.writerow([row[0], "cublas", False, *row[1:], seconds(peer), error(t, expected, peer)])
+                    for record, call in calls:
+                        writer.writerow([row[0], record["name"], record["static_dims"] is not None, *row[1:],
+                                         seconds(call), record["error"]])
+                    # cuBLAS again after the kernels: the two timings bound the run's drift at this shape
+                    writer.writerow([row[0], "cublas_again", False, *row[1:], seconds(peer),
+                                     error(t, expected, peer)])
                 f.flush()
                 print(entry["describe"], "T =", shape["t"], "done", flush=True)
             print(entry["describe"], "kernels over tolerance:", failures, flush=True)
 
-
 if __name__ == "__main__":
-    main(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]))
+    main(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), *map(int, sys.argv[3:4]))

@@ -4,6 +4,9 @@
                                                # plus static builds of a sample, into fatbins
     python3 bench/cuda_kernels.py DIR OUT      # on the GPU machine (no TVM there)
     python -m bench.cuda_tuning report OUT     # CSV + plots under docs/results/
+    python -m bench.cuda_tuning build DIR --chosen-from docs/results/cuda_h200.csv --chosen-only
+    python3 bench/cuda_kernels.py DIR OUT 7    # the chosen kernels, symbolic and static, in 7 rounds
+    python -m bench.cuda_tuning aot OUT --chosen-from docs/results/cuda_h200.csv
 
 The GPU is lent to few sessions and has no TVM, so the search cannot measure
 candidates there as it goes. Instead every kernel of the (finite) space is
@@ -48,39 +51,50 @@ def shapes(workload: Workload, sizes) -> list[dict]:
     return [{"t": t, **{d: getattr(workload, d).lo for d in "bmnk"}, **sizes(t)} for t in SEQUENCE_LENGTHS]
 
 
-def build_set(directory: pathlib.Path, seed: int = 0, static_from: pathlib.Path | None = None) -> dict:
-    """Every kernel of each workload's space, symbolic; and static builds at every T of
-    STATIC_SAMPLE random kernels plus, with `static_from` (an earlier report's CSV), the
-    kernels its dispatch chose (the ones whose symbolic cost matters)."""
+def build_set(directory: pathlib.Path, seed: int = 0, chosen_from: pathlib.Path | None = None,
+              whole_space: bool = True) -> dict:
+    """Every kernel of each workload's space, symbolic, with static builds at every T of
+    STATIC_SAMPLE random kernels plus, with `chosen_from` (an earlier report's CSV), the
+    kernels its dispatch chose (the ones whose symbolic cost matters). whole_space=False:
+    only those chosen kernels, symbolic and static (a set to time interleaved in rounds)."""
     gpu = limits.common(build.ARCHS)
     chosen = {}
-    if static_from is not None:
-        for row in report.read(static_from):
+    if chosen_from is not None:
+        for row in report.read(chosen_from):
             if row["peer"] == "tf_dietcode":
                 chosen.setdefault(row["workload"], set()).add(space.GpuKernel.from_name(row["kernel"]))
     entries, shape_lists = [], {}
     for label, (workload, sizes) in WORKLOADS.items():
         kernels = space.space(gpu, workload)
         at = shapes(workload, sizes)
-        statics = sorted(set(random.Random(seed).sample(kernels, STATIC_SAMPLE)) | chosen.get(label, set()))
+        statics = chosen.get(label, set())
+        if whole_space:
+            statics |= set(random.Random(seed).sample(kernels, STATIC_SAMPLE))
+        else:
+            kernels = sorted(statics)
         entries.append((workload, [(k, None) for k in kernels] +
-                        [(k, {d: s[d] for d in "bmnk"}) for k in statics for s in at]))
+                        [(k, {d: s[d] for d in "bmnk"}) for k in sorted(statics) for s in at]))
         shape_lists[workload.key()] = at
     return build.build(entries, shape_lists, directory, archs=("sm_90",), ptx=False)
 
 
 def _cublas_and_static(run: pathlib.Path) -> tuple[dict, list[tuple[str, str, int, float]]]:
     """cuBLAS' seconds by (workload, T) per timing ("cublas", and "cublas_again" after the
-    kernels where the run has it), and (workload, kernel, T, symbolic / static time) per static build."""
+    kernels where the run has it), and (workload, kernel, T, symbolic / static time) per
+    static build; medians over a run's rounds."""
     cublas, symbolic, static = {}, {}, {}
     with open(run / "measurements.csv", newline="") as f:
         for row in csv.DictReader(f):
             key = (row["workload"], row["kernel"], int(row["t"]))
             if row["kernel"].startswith("cublas"):  # "cublas_again" (a later record) timed it after the kernels
-                cublas.setdefault(row["kernel"], {})[(row["workload"], int(row["t"]))] = float(row["seconds"])
+                times = cublas.setdefault(row["kernel"], {}).setdefault((row["workload"], int(row["t"])), [])
             else:
-                (static if row["static"] == "True" else symbolic)[key] = float(row["seconds"])
-    return cublas, [(*key, symbolic[key] / seconds) for key, seconds in static.items()]
+                times = (static if row["static"] == "True" else symbolic).setdefault(key, [])
+            times.append(float(row["seconds"]))
+    medians = {peer: {key: statistics.median(times) for key, times in by_shape.items()}
+               for peer, by_shape in cublas.items()}
+    return medians, [(*key, statistics.median(symbolic[key]) / statistics.median(times))
+                     for key, times in static.items()]
 
 
 def report_run(run: pathlib.Path, name: str, trials: int, seed: int) -> list[dict]:
@@ -147,24 +161,54 @@ def _print_summary(rows: list[dict], static: list, device: dict) -> None:
               f"{sum(r > 1.05 for r in ratios)} of {len(ratios)} over 1.05")
 
 
+def report_aot(run: pathlib.Path, chosen_from: pathlib.Path, name: str) -> list[dict]:
+    """Symbolic / static time of the kernels a dispatch chose (a run of `build --chosen-only`,
+    timed in rounds), at every T, marking the T where the tree runs that kernel; writes
+    docs/results/<name>.csv and the run's raw record."""
+    chosen = {(row["workload"], row["T"]): row["kernel"] for row in report.read(chosen_from)
+              if row["peer"] == "tf_dietcode"}
+    labels = {workload.describe(): label for label, (workload, _) in WORKLOADS.items()}
+    _, static = _cublas_and_static(run)
+    rows = [{"workload": labels[w], "kernel": k, "T": t, "dispatched_here": chosen.get((labels[w], t)) == k,
+             "symbolic_over_static": ratio} for w, k, t, ratio in static]
+    report.write_csv(rows, RESULTS / f"{name}.csv")
+    with open(run / "measurements.csv", "rb") as raw, gzip.open(RESULTS / f"{name}_record.csv.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)
+    for label in WORKLOADS:
+        for where, selected in (("where dispatched", True), ("at every T", False)):
+            ratios = [r["symbolic_over_static"] for r in rows
+                      if r["workload"] == label and (r["dispatched_here"] or not selected)]
+            print(f"  {label} {where}: symbolic / static median {statistics.median(ratios):.3f}, "
+                  f"max {max(ratios):.3f}, {sum(r > 1.05 for r in ratios)} of {len(ratios)} over 1.05")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     building = commands.add_parser("build")
     building.add_argument("directory", type=pathlib.Path)
-    building.add_argument("--static-from", type=pathlib.Path, help="an earlier report's CSV: its chosen kernels "
+    building.add_argument("--chosen-from", type=pathlib.Path, help="an earlier report's CSV: its chosen kernels "
                           "are built static too")
+    building.add_argument("--chosen-only", action="store_true", help="only those kernels, symbolic and static")
     reporting = commands.add_parser("report")
     reporting.add_argument("run", type=pathlib.Path, help="the GPU run's output (measurements.csv, device.json)")
     reporting.add_argument("--name", default="cuda_h200", help="file names under docs/results/")
     reporting.add_argument("--trials", type=int, default=search.SearchOptions.trials)
     reporting.add_argument("--seed", type=int, default=0)
+    aot = commands.add_parser("aot", help="symbolic vs static builds of the chosen kernels, timed in rounds")
+    aot.add_argument("run", type=pathlib.Path)
+    aot.add_argument("--chosen-from", type=pathlib.Path, required=True, help="the report whose kernels were built")
+    aot.add_argument("--name", default="cuda_h200_aot")
     arguments = parser.parse_args()
     if arguments.command == "build":
-        manifest = build_set(arguments.directory, static_from=arguments.static_from)
+        manifest = build_set(arguments.directory, chosen_from=arguments.chosen_from,
+                             whole_space=not arguments.chosen_only)
         print(sum(len(w["kernels"]) for w in manifest["workloads"]), "kernels in", arguments.directory)
-    else:
+    elif arguments.command == "report":
         report_run(arguments.run, arguments.name, arguments.trials, arguments.seed)
+    else:
+        report_aot(arguments.run, arguments.chosen_from, arguments.name)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ which the search skips like any failed measurement).
 
 import csv
 import pathlib
+import statistics
 
 from tf_dietcode.tuning.cuda.space import GpuKernel
 from tf_dietcode.tuning.measure import Measurement
@@ -33,7 +34,7 @@ class RecordedRunner:
     def load(cls, workloads: list[Workload], measurements_csv: pathlib.Path) -> "RecordedRunner":
         """The symbolic kernels' records of these workloads from a GPU run's CSV."""
         by_name = {w.describe(): w for w in workloads}
-        records: dict[str, dict] = {w.key(): {} for w in workloads}
+        timings: dict[str, dict] = {w.key(): {} for w in workloads}
         with open(measurements_csv, newline="") as f:
             for row in csv.DictReader(f):
                 workload = by_name.get(row["workload"])
@@ -41,9 +42,11 @@ class RecordedRunner:
                     continue
                 shape = shape_of(workload, {d: int(row[d]) for d in "bmnk"})
                 good = float(row["error"]) <= TOLERANCE
-                records[workload.key()][(GpuKernel.from_name(row["kernel"]), shape)] = \
-                    float(row["seconds"]) if good else None
-        return cls(records)
+                timings[workload.key()].setdefault((GpuKernel.from_name(row["kernel"]), shape), []).append(
+                    float(row["seconds"]) if good else None)
+        # a kernel timed in several rounds: the median; wrong in any: a failure
+        return cls({key: {entry: None if None in times else statistics.median(times) for entry, times in table.items()}
+                    for key, table in timings.items()})
 
     def run(self, workload: Workload, kernels: list[GpuKernel], shapes: list[tuple[int, ...]], seed: int = 0,
             best=None) -> list[Measurement]:
