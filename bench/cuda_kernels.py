@@ -16,7 +16,9 @@ replayed between CUDA events (so Python's launch cost is not counted), the
 median of repeats divided by n. With ROUNDS > 1 every kernel of a shape is
 timed once per round, round after round, so kernels compared with each other
 (a symbolic build and its static one) are timed interleaved, not minutes
-apart. Writes measurements.csv (a row per kernel, shape and round) and device.json.
+apart. A CUDA bundle (tuning/cuda/build.write_bundle) runs, at each shape, only
+the kernel its compiled tree picks (none outside its ranges: cuBLAS alone).
+Writes measurements.csv (a row per kernel, shape and round) and device.json.
 """
 
 import csv
@@ -184,6 +186,8 @@ def main(kernel_set: pathlib.Path, out: pathlib.Path, rounds: int = 1) -> None:
     (out / "device.json").write_text(json.dumps(device_properties(), indent=1))
     print(device_properties(), flush=True)
     generator = torch.Generator(device="cuda").manual_seed(0)
+    library = manifest.get("dispatch_library")
+    trees = ctypes.CDLL(str(kernel_set / library)) if library else None
     with open(out / "measurements.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["workload", "kernel", "static", "t", "b", "m", "n", "k", "round", "seconds", "error"])
@@ -195,9 +199,14 @@ def main(kernel_set: pathlib.Path, out: pathlib.Path, rounds: int = 1) -> None:
                 t = operands(workload, dims, generator)
                 expected = reference(workload, t)
                 peer = cublas_call(workload, t)
+                records = [r for r in entry["kernels"] if r["static_dims"] in (None, dims)]
+                if trees is not None:  # a bundle: only the kernel its tree picks (none outside its ranges)
+                    tree = getattr(trees, entry["dispatch"])
+                    tree.restype, tree.argtypes = ctypes.c_int64, [ctypes.c_int64] * 4
+                    index = tree(*(dims[d] for d in "bmnk"))
+                    records = [] if index < 0 else [entry["kernels"][index]]
                 calls = [(record, kernel_call(driver, driver.function(module, record["launch"]["symbol"]),
-                                              record["launch"], dims, t))
-                         for record in entry["kernels"] if record["static_dims"] in (None, dims)]
+                                              record["launch"], dims, t)) for record in records]
                 for record, call in calls:
                     record["error"] = error(t, expected, call)
                     failures += record["error"] > TOLERANCE

@@ -7,6 +7,9 @@
     python -m bench.cuda_tuning build DIR --chosen-from docs/results/cuda_h200.csv --chosen-only
     python3 bench/cuda_kernels.py DIR OUT 7    # the chosen kernels, symbolic and static, in 7 rounds
     python -m bench.cuda_tuning aot OUT --chosen-from docs/results/cuda_h200.csv
+    python -m bench.cuda_tuning bundle OUT BUNDLE   # the trees and their kernels as a CUDA bundle
+    python3 bench/cuda_kernels.py BUNDLE OUT2 5     # each T of 1..129: the tree's kernel and cuBLAS
+    python -m bench.cuda_tuning bundle-report OUT2
 
 The GPU is lent to few sessions and has no TVM, so the search cannot measure
 candidates there as it goes. Instead every kernel of the (finite) space is
@@ -35,6 +38,7 @@ from tf_dietcode.tuning.workload import Workload
 RESULTS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
 
 SEQUENCE_LENGTHS = (1, 5, 17, 24, 43, 62, 81, 100, 119, 128)
+EVERY_T = range(1, 130)  # a bundle is checked and timed at every T of its range, and one past it
 STATIC_SAMPLE = 8  # kernels per workload also built for each static shape (symbolic vs static)
 WORKLOADS = {
     "dense_b16_[16T,768]x[2304,768]^T": (Workload("dense", (16, 2048), 2304, 768, bias=True), lambda t: {"m": 16 * t}),
@@ -97,6 +101,21 @@ def _cublas_and_static(run: pathlib.Path) -> tuple[dict, list[tuple[str, str, in
                      for key, times in static.items()]
 
 
+def replay(run: pathlib.Path, trials: int, seed: int) -> tuple[GpuTarget, RecordedRunner, dict]:
+    """The joint search of each workload (`trials` kernels of its space) replayed over a GPU
+    run's record at the run's T: (the GPU, the record, {label: its dispatch})."""
+    device = json.loads((run / "device.json").read_text())
+    target = GpuTarget(limits.ARCHS[f"sm_{device['capability'].replace('.', '')}"], device["sms"])
+    runner = RecordedRunner.load([w for w, _ in WORKLOADS.values()], run / "measurements.csv")
+    chosen = {}
+    for label, (workload, sizes) in WORKLOADS.items():
+        sample = [shape_of(workload, dims) for dims in shapes(workload, sizes)]
+        result = search.search(workload, target, runner, search.SearchOptions(trials=trials, seed=seed),
+                               shapes=sample, progress=False)
+        chosen[label] = dispatch.build_dispatch(result)
+    return target, runner, chosen
+
+
 def report_run(run: pathlib.Path, name: str, trials: int, seed: int) -> list[dict]:
     """Replays the joint search (`trials` kernels measured of each space) over a GPU run's
     record, builds each workload's dispatch tree, and compares at every T the tree's kernel
@@ -105,16 +124,13 @@ def report_run(run: pathlib.Path, name: str, trials: int, seed: int) -> list[dic
     second, where the run has one, shows the drift); writes docs/results/<name>.{csv,png},
     <name>_static.csv and the run's raw record."""
     device = json.loads((run / "device.json").read_text())
-    target = GpuTarget(limits.ARCHS[f"sm_{device['capability'].replace('.', '')}"], device["sms"])
-    workloads = {label: (workload, shapes(workload, sizes)) for label, (workload, sizes) in WORKLOADS.items()}
-    runner = RecordedRunner.load([w for w, _ in workloads.values()], run / "measurements.csv")
+    target, runner, chosen_by_label = replay(run, trials, seed)
     cublas, static = _cublas_and_static(run)
     rows = []
-    for label, (workload, at) in workloads.items():
+    for label, (workload, sizes) in WORKLOADS.items():
+        at = shapes(workload, sizes)
         sample = [shape_of(workload, dims) for dims in at]
-        result = search.search(workload, target, runner, search.SearchOptions(trials=trials, seed=seed),
-                               shapes=sample, progress=False)
-        chosen = dispatch.build_dispatch(result)
+        chosen = chosen_by_label[label]
         table = runner.records[workload.key()]
 
         def seconds_of(kernel, shape):
@@ -183,6 +199,52 @@ def report_aot(run: pathlib.Path, chosen_from: pathlib.Path, name: str) -> list[
     return rows
 
 
+def write_bundle(run: pathlib.Path, directory: pathlib.Path, trials: int, seed: int) -> dict:
+    """A CUDA bundle of the replayed trees and their kernels, listing every T of 1..129
+    (129: past every range, so cuBLAS alone) for bench/cuda_kernels.py to check and time."""
+    _, _, chosen = replay(run, trials, seed)
+    every_t = {workload.key(): [{"t": t, **{d: getattr(workload, d).lo for d in "bmnk"}, **sizes(t)}
+                                for t in EVERY_T] for workload, sizes in WORKLOADS.values()}
+    return build.write_bundle([chosen[label] for label in WORKLOADS], directory, every_t)
+
+
+def report_bundle(run: pathlib.Path, name: str) -> list[dict]:
+    """The bundle's run: at every T the tree's kernel against cuBLAS (medians over rounds);
+    writes docs/results/<name>.{csv,png} and the run's raw record."""
+    device = json.loads((run / "device.json").read_text())
+    times: dict[tuple, list[float]] = {}
+    kernels = {}
+    labels = {workload.describe(): label for label, (workload, _) in WORKLOADS.items()}
+    with open(run / "measurements.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            if float(row["error"]) > 1e-5:
+                raise RuntimeError(f"{row['kernel']} was wrong at T = {row['t']} in {row['workload']}")
+            peer = row["kernel"] if row["kernel"].startswith("cublas") else "tf_dietcode"
+            key = (labels[row["workload"]], int(row["t"]), peer)
+            times.setdefault(key, []).append(float(row["seconds"]))
+            if peer == "tf_dietcode":
+                kernels[key] = row["kernel"]
+    rows = []
+    for (label, t, peer), samples in sorted(times.items()):
+        seconds = statistics.median(samples)
+        cublas = statistics.median(times[(label, t, "cublas")])
+        rows.append({"workload": label, "T": t, "peer": peer, "kernel": kernels.get((label, t, peer), ""),
+                     "ms": seconds * 1e3, "speedup_vs_cublas": cublas / seconds})
+    report.write_csv(rows, RESULTS / f"{name}.csv")
+    report.plot_by_t(rows, RESULTS / f"{name}.png", f"CUDA bundle's trees vs cuBLAS (fp32) at every T, "
+                     f"{device['name']}", baseline="cuBLAS", ratio="speedup_vs_cublas")
+    with open(run / "measurements.csv", "rb") as raw, gzip.open(RESULTS / f"{name}_record.csv.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)
+    for label in WORKLOADS:
+        ratios = [r["speedup_vs_cublas"] for r in rows if r["workload"] == label and r["peer"] == "tf_dietcode"]
+        fallback = [r["T"] for r in rows if r["workload"] == label and r["peer"] == "cublas"
+                    and not any(o["T"] == r["T"] and o["peer"] == "tf_dietcode" for o in rows)]
+        print(f"  {label}: {len(ratios)} T right and timed, geomean {report.geomean(ratios):.2f}x of cuBLAS, "
+              f"worst {min(ratios):.2f}x, {sum(r < 1 for r in ratios)} T under 1x; no kernel (outside the "
+              f"range) at T = {fallback}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -200,6 +262,13 @@ def main() -> None:
     aot.add_argument("run", type=pathlib.Path)
     aot.add_argument("--chosen-from", type=pathlib.Path, required=True, help="the report whose kernels were built")
     aot.add_argument("--name", default="cuda_h200_aot")
+    bundling = commands.add_parser("bundle", help="a CUDA bundle of a run's replayed trees")
+    bundling.add_argument("run", type=pathlib.Path)
+    bundling.add_argument("directory", type=pathlib.Path)
+    bundling.add_argument("--trials", type=int, default=search.SearchOptions.trials)
+    bundle_report = commands.add_parser("bundle-report", help="a bundle's run at every T")
+    bundle_report.add_argument("run", type=pathlib.Path)
+    bundle_report.add_argument("--name", default="cuda_h200_bundle")
     arguments = parser.parse_args()
     if arguments.command == "build":
         manifest = build_set(arguments.directory, chosen_from=arguments.chosen_from,
@@ -207,8 +276,13 @@ def main() -> None:
         print(sum(len(w["kernels"]) for w in manifest["workloads"]), "kernels in", arguments.directory)
     elif arguments.command == "report":
         report_run(arguments.run, arguments.name, arguments.trials, arguments.seed)
-    else:
+    elif arguments.command == "aot":
         report_aot(arguments.run, arguments.chosen_from, arguments.name)
+    elif arguments.command == "bundle":
+        manifest = write_bundle(arguments.run, arguments.directory, arguments.trials, 0)
+        print(sum(len(w["kernels"]) for w in manifest["workloads"]), "kernels in", arguments.directory)
+    else:
+        report_bundle(arguments.run, arguments.name)
 
 
 if __name__ == "__main__":

@@ -162,11 +162,13 @@ def _link_dispatch(dispatches: list[Dispatch], directory: pathlib.Path) -> None:
     obj.unlink()
 
 
-def write_bundle(dispatches: list[Dispatch], directory: pathlib.Path | str) -> dict:
+def write_bundle(dispatches: list[Dispatch], directory: pathlib.Path | str,
+                 shapes: dict[str, list[dict[str, int]]] | None = None) -> dict:
     """A CUDA kernel bundle: each dispatch's kernels, symbolic, in fatbins with sm_80 and
     sm_90 machine code and PTX, the launch rules in the manifest, and the trees compiled
     to C beside them, so a host program needs the CUDA driver and no compiler. Its kernels
     are checked numerically where they are measured (bench/cuda_kernels.py), on the GPU:
-    a build machine without one cannot run them."""
-    return build([(d.workload, [(k, None) for k in d.kernels]) for d in dispatches], None, directory,
+    a build machine without one cannot run them; `shapes` (per workload key) lists the
+    dims at which a runner should check and time the bundle."""
+    return build([(d.workload, [(k, None) for k in d.kernels]) for d in dispatches], shapes, directory,
                  dispatches=dispatches)
