@@ -29,7 +29,7 @@ import shutil
 import statistics
 
 from bench import report
-from tf_dietcode.tuning import dispatch, search
+from tf_dietcode.tuning import cost_model, dispatch, search
 from tf_dietcode.tuning.cuda import build, limits, space
 from tf_dietcode.tuning.cuda.recorded import RecordedRunner, shape_of
 from tf_dietcode.tuning.cuda.target import GpuTarget
@@ -39,6 +39,7 @@ RESULTS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
 
 SEQUENCE_LENGTHS = (1, 5, 17, 24, 43, 62, 81, 100, 119, 128)
 EVERY_T = range(1, 130)  # a bundle is checked and timed at every T of its range, and one past it
+FINALISTS = 4  # kernels per sample T that go on to be measured at every T
 STATIC_SAMPLE = 8  # kernels per workload also built for each static shape (symbolic vs static)
 WORKLOADS = {
     "dense_b16_[16T,768]x[2304,768]^T": (Workload("dense", (16, 2048), 2304, 768, bias=True), lambda t: {"m": 16 * t}),
@@ -56,23 +57,28 @@ def shapes(workload: Workload, sizes) -> list[dict]:
 
 
 def build_set(directory: pathlib.Path, seed: int = 0, chosen_from: pathlib.Path | None = None,
-              whole_space: bool = True) -> dict:
+              whole_space: bool = True, finalists_of: pathlib.Path | None = None) -> dict:
     """Every kernel of each workload's space, symbolic, with static builds at every T of
     STATIC_SAMPLE random kernels plus, with `chosen_from` (an earlier report's CSV), the
     kernels its dispatch chose (the ones whose symbolic cost matters). whole_space=False:
-    only those chosen kernels, symbolic and static (a set to time interleaved in rounds)."""
+    only those chosen kernels, symbolic and static (a set to time interleaved in rounds).
+    `finalists_of` (a GPU run of the whole space): the replayed search's finalists,
+    symbolic, to be measured at every T of the range."""
     gpu = limits.common(build.ARCHS)
     chosen = {}
     if chosen_from is not None:
         for row in report.read(chosen_from):
             if row["peer"] == "tf_dietcode":
                 chosen.setdefault(row["workload"], set()).add(space.GpuKernel.from_name(row["kernel"]))
+    results = replay(finalists_of, search.SearchOptions.trials, seed)[2] if finalists_of is not None else {}
     entries, shape_lists = [], {}
     for label, (workload, sizes) in WORKLOADS.items():
         kernels = space.space(gpu, workload)
         at = shapes(workload, sizes)
         statics = chosen.get(label, set())
-        if whole_space:
+        if finalists_of is not None:
+            kernels, statics, at = finalists(results[label]), set(), every_t(workload, sizes)[:-1]
+        elif whole_space:
             statics |= set(random.Random(seed).sample(kernels, STATIC_SAMPLE))
         else:
             kernels = sorted(statics)
@@ -103,17 +109,39 @@ def _cublas_and_static(run: pathlib.Path) -> tuple[dict, list[tuple[str, str, in
 
 def replay(run: pathlib.Path, trials: int, seed: int) -> tuple[GpuTarget, RecordedRunner, dict]:
     """The joint search of each workload (`trials` kernels of its space) replayed over a GPU
-    run's record at the run's T: (the GPU, the record, {label: its dispatch})."""
+    run's record at the run's T: (the GPU, the record, {label: its SearchResult})."""
     device = json.loads((run / "device.json").read_text())
     target = GpuTarget(limits.ARCHS[f"sm_{device['capability'].replace('.', '')}"], device["sms"])
     runner = RecordedRunner.load([w for w, _ in WORKLOADS.values()], run / "measurements.csv")
-    chosen = {}
+    results = {}
     for label, (workload, sizes) in WORKLOADS.items():
         sample = [shape_of(workload, dims) for dims in shapes(workload, sizes)]
-        result = search.search(workload, target, runner, search.SearchOptions(trials=trials, seed=seed),
-                               shapes=sample, progress=False)
-        chosen[label] = dispatch.build_dispatch(result)
-    return target, runner, chosen
+        results[label] = search.search(workload, target, runner, search.SearchOptions(trials=trials, seed=seed),
+                                       shapes=sample, progress=False)
+    return target, runner, results
+
+
+def finalists(result: search.SearchResult) -> list[space.GpuKernel]:
+    """The FINALISTS fastest kernels the search measured at each of its sample shapes."""
+    picked = set()
+    for shape in result.sample_shapes:
+        timed = sorted((m.seconds, m.kernel) for m in result.measurements if m.shape == shape and m.seconds)
+        picked |= {kernel for _, kernel in timed[:FINALISTS]}
+    return sorted(picked)
+
+
+def every_t_dispatches(first_run: pathlib.Path, finalists_run: pathlib.Path, trials: int, seed: int) -> list:
+    """Per workload, a tree fit to the finalists' record at every T of the range (the
+    search's picks measured at every shape, not only its samples)."""
+    target, _, results = replay(first_run, trials, seed)
+    runner = RecordedRunner.load([w for w, _ in WORKLOADS.values()], finalists_run / "measurements.csv")
+    chosen = []
+    for label, (workload, sizes) in WORKLOADS.items():
+        every = [shape_of(workload, dims) for dims in every_t(workload, sizes)[:-1]]
+        measured = runner.run(workload, finalists(results[label]), every)
+        model = cost_model.CostModel(workload, target, seed).fit(measured)
+        chosen.append(dispatch.build_dispatch(search.SearchResult(workload, every, measured, model)))
+    return chosen
 
 
 def report_run(run: pathlib.Path, name: str, trials: int, seed: int) -> list[dict]:
@@ -124,13 +152,13 @@ def report_run(run: pathlib.Path, name: str, trials: int, seed: int) -> list[dic
     second, where the run has one, shows the drift); writes docs/results/<name>.{csv,png},
     <name>_static.csv and the run's raw record."""
     device = json.loads((run / "device.json").read_text())
-    target, runner, chosen_by_label = replay(run, trials, seed)
+    target, runner, results = replay(run, trials, seed)
     cublas, static = _cublas_and_static(run)
     rows = []
     for label, (workload, sizes) in WORKLOADS.items():
         at = shapes(workload, sizes)
         sample = [shape_of(workload, dims) for dims in at]
-        chosen = chosen_by_label[label]
+        chosen = dispatch.build_dispatch(results[label])
         table = runner.records[workload.key()]
 
         def seconds_of(kernel, shape):
@@ -199,13 +227,21 @@ def report_aot(run: pathlib.Path, chosen_from: pathlib.Path, name: str) -> list[
     return rows
 
 
-def write_bundle(run: pathlib.Path, directory: pathlib.Path, trials: int, seed: int) -> dict:
-    """A CUDA bundle of the replayed trees and their kernels, listing every T of 1..129
-    (129: past every range, so cuBLAS alone) for bench/cuda_kernels.py to check and time."""
-    _, _, chosen = replay(run, trials, seed)
-    every_t = {workload.key(): [{"t": t, **{d: getattr(workload, d).lo for d in "bmnk"}, **sizes(t)}
-                                for t in EVERY_T] for workload, sizes in WORKLOADS.values()}
-    return build.write_bundle([chosen[label] for label in WORKLOADS], directory, every_t)
+def every_t(workload: Workload, sizes) -> list[dict]:
+    """The dims at every T of EVERY_T."""
+    return [{"t": t, **{d: getattr(workload, d).lo for d in "bmnk"}, **sizes(t)} for t in EVERY_T]
+
+
+def write_bundle(run: pathlib.Path, directory: pathlib.Path, trials: int, seed: int,
+                 finalists_run: pathlib.Path | None = None) -> dict:
+    """A CUDA bundle of the replayed trees and their kernels (with `finalists_run`: of the
+    trees fit at every T, every_t_dispatches), listing every T of 1..129 (129: past every
+    range, so cuBLAS alone) for bench/cuda_kernels.py to check and time."""
+    if finalists_run is None:
+        chosen = [dispatch.build_dispatch(result) for result in replay(run, trials, seed)[2].values()]
+    else:
+        chosen = every_t_dispatches(run, finalists_run, trials, seed)
+    return build.write_bundle(chosen, directory, {w.key(): every_t(w, sizes) for w, sizes in WORKLOADS.values()})
 
 
 def report_bundle(run: pathlib.Path, name: str) -> list[dict]:
@@ -253,6 +289,8 @@ def main() -> None:
     building.add_argument("--chosen-from", type=pathlib.Path, help="an earlier report's CSV: its chosen kernels "
                           "are built static too")
     building.add_argument("--chosen-only", action="store_true", help="only those kernels, symbolic and static")
+    building.add_argument("--finalists-of", type=pathlib.Path, help="a GPU run of the whole space: the replayed "
+                          "search's finalists, to be measured at every T")
     reporting = commands.add_parser("report")
     reporting.add_argument("run", type=pathlib.Path, help="the GPU run's output (measurements.csv, device.json)")
     reporting.add_argument("--name", default="cuda_h200", help="file names under docs/results/")
@@ -266,20 +304,22 @@ def main() -> None:
     bundling.add_argument("run", type=pathlib.Path)
     bundling.add_argument("directory", type=pathlib.Path)
     bundling.add_argument("--trials", type=int, default=search.SearchOptions.trials)
+    bundling.add_argument("--finalists-run", type=pathlib.Path, help="the finalists' run at every T: the trees "
+                          "are fit to it")
     bundle_report = commands.add_parser("bundle-report", help="a bundle's run at every T")
     bundle_report.add_argument("run", type=pathlib.Path)
     bundle_report.add_argument("--name", default="cuda_h200_bundle")
     arguments = parser.parse_args()
     if arguments.command == "build":
         manifest = build_set(arguments.directory, chosen_from=arguments.chosen_from,
-                             whole_space=not arguments.chosen_only)
+                             whole_space=not arguments.chosen_only, finalists_of=arguments.finalists_of)
         print(sum(len(w["kernels"]) for w in manifest["workloads"]), "kernels in", arguments.directory)
     elif arguments.command == "report":
         report_run(arguments.run, arguments.name, arguments.trials, arguments.seed)
     elif arguments.command == "aot":
         report_aot(arguments.run, arguments.chosen_from, arguments.name)
     elif arguments.command == "bundle":
-        manifest = write_bundle(arguments.run, arguments.directory, arguments.trials, 0)
+        manifest = write_bundle(arguments.run, arguments.directory, arguments.trials, 0, arguments.finalists_run)
         print(sum(len(w["kernels"]) for w in manifest["workloads"]), "kernels in", arguments.directory)
     else:
         report_bundle(arguments.run, arguments.name)
