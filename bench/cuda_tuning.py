@@ -184,7 +184,7 @@ def report_run(run: pathlib.Path, name: str, trials: int, seed: int) -> list[dic
                      RESULTS / f"{name}_static.csv")
     with open(run / "measurements.csv", "rb") as raw, gzip.open(RESULTS / f"{name}_record.csv.gz", "wb") as packed:
         shutil.copyfileobj(raw, packed)
-    shutil.copy(run / "device.json", RESULTS / f"{name}_device.json")
+    (RESULTS / f"{name}_device.json").write_text((run / "device.json").read_text())  # not its read-only mode
     _print_summary(rows, static, device)
     return rows
 
