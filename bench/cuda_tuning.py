@@ -10,6 +10,8 @@
     python -m bench.cuda_tuning bundle OUT BUNDLE   # the trees and their kernels as a CUDA bundle
     python3 bench/cuda_kernels.py BUNDLE OUT2 5     # each T of 1..129: the tree's kernel and cuBLAS
     python -m bench.cuda_tuning bundle-report OUT2
+    python -m bench.cuda_tuning build DIR --finalists-of OUT   # the search's finalists, at every T
+    python -m bench.cuda_tuning bundle OUT BUNDLE --finalists-run OUT3   # trees refit to that run
 
 The GPU is lent to few sessions and has no TVM, so the search cannot measure
 candidates there as it goes. Instead every kernel of the (finite) space is
@@ -51,9 +53,9 @@ WORKLOADS = {
 }
 
 
-def shapes(workload: Workload, sizes) -> list[dict]:
+def shapes(workload: Workload, sizes, lengths=SEQUENCE_LENGTHS) -> list[dict]:
     """The dims at each sequence length, labelled with it."""
-    return [{"t": t, **{d: getattr(workload, d).lo for d in "bmnk"}, **sizes(t)} for t in SEQUENCE_LENGTHS]
+    return [{"t": t, **{d: getattr(workload, d).lo for d in "bmnk"}, **sizes(t)} for t in lengths]
 
 
 def build_set(directory: pathlib.Path, seed: int = 0, chosen_from: pathlib.Path | None = None,
@@ -77,7 +79,7 @@ def build_set(directory: pathlib.Path, seed: int = 0, chosen_from: pathlib.Path 
         at = shapes(workload, sizes)
         statics = chosen.get(label, set())
         if finalists_of is not None:
-            kernels, statics, at = finalists(results[label]), set(), every_t(workload, sizes)[:-1]
+            kernels, statics, at = finalists(results[label]), set(), shapes(workload, sizes, EVERY_T[:-1])
         elif whole_space:
             statics |= set(random.Random(seed).sample(kernels, STATIC_SAMPLE))
         else:
@@ -137,7 +139,7 @@ def every_t_dispatches(first_run: pathlib.Path, finalists_run: pathlib.Path, tri
     runner = RecordedRunner.load([w for w, _ in WORKLOADS.values()], finalists_run / "measurements.csv")
     chosen = []
     for label, (workload, sizes) in WORKLOADS.items():
-        every = [shape_of(workload, dims) for dims in every_t(workload, sizes)[:-1]]
+        every = [shape_of(workload, dims) for dims in shapes(workload, sizes, EVERY_T[:-1])]
         measured = runner.run(workload, finalists(results[label]), every)
         model = cost_model.CostModel(workload, target, seed).fit(measured)
         chosen.append(dispatch.build_dispatch(search.SearchResult(workload, every, measured, model)))
@@ -227,11 +229,6 @@ def report_aot(run: pathlib.Path, chosen_from: pathlib.Path, name: str) -> list[
     return rows
 
 
-def every_t(workload: Workload, sizes) -> list[dict]:
-    """The dims at every T of EVERY_T."""
-    return [{"t": t, **{d: getattr(workload, d).lo for d in "bmnk"}, **sizes(t)} for t in EVERY_T]
-
-
 def write_bundle(run: pathlib.Path, directory: pathlib.Path, trials: int, seed: int,
                  finalists_run: pathlib.Path | None = None) -> dict:
     """A CUDA bundle of the replayed trees and their kernels (with `finalists_run`: of the
@@ -241,7 +238,8 @@ def write_bundle(run: pathlib.Path, directory: pathlib.Path, trials: int, seed: 
         chosen = [dispatch.build_dispatch(result) for result in replay(run, trials, seed)[2].values()]
     else:
         chosen = every_t_dispatches(run, finalists_run, trials, seed)
-    return build.write_bundle(chosen, directory, {w.key(): every_t(w, sizes) for w, sizes in WORKLOADS.values()})
+    every = {workload.key(): shapes(workload, sizes, EVERY_T) for workload, sizes in WORKLOADS.values()}
+    return build.write_bundle(chosen, directory, every)
 
 
 def report_bundle(run: pathlib.Path, name: str) -> list[dict]:
