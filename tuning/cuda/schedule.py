@@ -21,6 +21,7 @@ from tf_dietcode.tuning.workload import Workload
 
 ACCUMULATE = "acc"
 WRITE_BACK = "out"
+LOOPS_TO_K_OUTER = 6  # batch, block row, block column, thread row, thread column, K step
 
 
 def dim(workload: Workload, name: str, dims: dict[str, int] | None):
@@ -99,7 +100,8 @@ def schedule(workload: Workload, kernel: GpuKernel, dims: dict[str, int] | None 
         fetch = optional_block(sch, f"{name}_pad")
         if fetch is None:  # nothing padded: a plain copy
             fetch = sch.cache_read(acc, index, "shared")
-        _fetch_to_shared(sch, fetch, k_outer, 6, kernel, k_major=name == "y" and workload.transpose_b)
+        _fetch_to_shared(sch, fetch, k_outer, LOOPS_TO_K_OUTER, kernel,
+                         k_major=name == "y" and workload.transpose_b)
     sch.decompose_reduction(acc, k_outer)
     for loop in (k_inner, i_tile, j_tile):
         sch.unroll(loop)
