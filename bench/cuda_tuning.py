@@ -33,7 +33,7 @@ import statistics
 from bench import report
 from tf_dietcode.tuning import cost_model, dispatch, search
 from tf_dietcode.tuning.cuda import build, limits, space
-from tf_dietcode.tuning.cuda.recorded import RecordedRunner, shape_of
+from tf_dietcode.tuning.cuda.recorded import TOLERANCE, RecordedRunner, shape_of
 from tf_dietcode.tuning.cuda.target import GpuTarget
 from tf_dietcode.tuning.workload import Workload
 
@@ -51,6 +51,9 @@ WORKLOADS = {
     "bmm_nn_[192,T,T]x[192,T,64]": (Workload("batch_matmul", (1, 128), 64, (1, 128), b=192, transpose_b=False,
                                              ties=("m", "k")), lambda t: {"m": t, "k": t}),
 }
+
+
+LABELS = {workload.describe(): label for label, (workload, _) in WORKLOADS.items()}  # a run's names -> ours
 
 
 def shapes(workload: Workload, sizes, lengths=SEQUENCE_LENGTHS) -> list[dict]:
@@ -107,6 +110,12 @@ def _cublas_and_static(run: pathlib.Path) -> tuple[dict, list[tuple[str, str, in
                for peer, by_shape in cublas.items()}
     return medians, [(*key, statistics.median(symbolic[key]) / statistics.median(times))
                      for key, times in static.items()]
+
+
+def _keep_record(run: pathlib.Path, name: str) -> None:
+    """The run's raw measurements beside the report, compressed: reports can be redone without a GPU."""
+    with open(run / "measurements.csv", "rb") as raw, gzip.open(RESULTS / f"{name}_record.csv.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)
 
 
 def replay(run: pathlib.Path, trials: int, seed: int) -> tuple[GpuTarget, RecordedRunner, dict]:
@@ -184,8 +193,7 @@ def report_run(run: pathlib.Path, name: str, trials: int, seed: int) -> list[dic
                      baseline="cuBLAS", ratio="speedup_vs_cublas")
     report.write_csv([{"workload": w, "kernel": k, "T": t, "symbolic_over_static": r} for w, k, t, r in static],
                      RESULTS / f"{name}_static.csv")
-    with open(run / "measurements.csv", "rb") as raw, gzip.open(RESULTS / f"{name}_record.csv.gz", "wb") as packed:
-        shutil.copyfileobj(raw, packed)
+    _keep_record(run, name)
     (RESULTS / f"{name}_device.json").write_text((run / "device.json").read_text())  # not its read-only mode
     _print_summary(rows, static, device)
     return rows
@@ -213,13 +221,11 @@ def report_aot(run: pathlib.Path, chosen_from: pathlib.Path, name: str) -> list[
     docs/results/<name>.csv and the run's raw record."""
     chosen = {(row["workload"], row["T"]): row["kernel"] for row in report.read(chosen_from)
               if row["peer"] == "tf_dietcode"}
-    labels = {workload.describe(): label for label, (workload, _) in WORKLOADS.items()}
     _, static = _cublas_and_static(run)
-    rows = [{"workload": labels[w], "kernel": k, "T": t, "dispatched_here": chosen.get((labels[w], t)) == k,
+    rows = [{"workload": LABELS[w], "kernel": k, "T": t, "dispatched_here": chosen.get((LABELS[w], t)) == k,
              "symbolic_over_static": ratio} for w, k, t, ratio in static]
     report.write_csv(rows, RESULTS / f"{name}.csv")
-    with open(run / "measurements.csv", "rb") as raw, gzip.open(RESULTS / f"{name}_record.csv.gz", "wb") as packed:
-        shutil.copyfileobj(raw, packed)
+    _keep_record(run, name)
     for label in WORKLOADS:
         for where, selected in (("where dispatched", True), ("at every T", False)):
             ratios = [r["symbolic_over_static"] for r in rows
@@ -248,13 +254,12 @@ def report_bundle(run: pathlib.Path, name: str) -> list[dict]:
     device = json.loads((run / "device.json").read_text())
     times: dict[tuple, list[float]] = {}
     kernels = {}
-    labels = {workload.describe(): label for label, (workload, _) in WORKLOADS.items()}
     with open(run / "measurements.csv", newline="") as f:
         for row in csv.DictReader(f):
-            if float(row["error"]) > 1e-5:
+            if float(row["error"]) > TOLERANCE:
                 raise RuntimeError(f"{row['kernel']} was wrong at T = {row['t']} in {row['workload']}")
             peer = row["kernel"] if row["kernel"].startswith("cublas") else "tf_dietcode"
-            key = (labels[row["workload"]], int(row["t"]), peer)
+            key = (LABELS[row["workload"]], int(row["t"]), peer)
             times.setdefault(key, []).append(float(row["seconds"]))
             if peer == "tf_dietcode":
                 kernels[key] = row["kernel"]
@@ -267,8 +272,7 @@ def report_bundle(run: pathlib.Path, name: str) -> list[dict]:
     report.write_csv(rows, RESULTS / f"{name}.csv")
     report.plot_by_t(rows, RESULTS / f"{name}.png", f"CUDA bundle's trees vs cuBLAS (fp32) at every T, "
                      f"{device['name']}", baseline="cuBLAS", ratio="speedup_vs_cublas")
-    with open(run / "measurements.csv", "rb") as raw, gzip.open(RESULTS / f"{name}_record.csv.gz", "wb") as packed:
-        shutil.copyfileobj(raw, packed)
+    _keep_record(run, name)
     for label in WORKLOADS:
         ratios = [r["speedup_vs_cublas"] for r in rows if r["workload"] == label and r["peer"] == "tf_dietcode"]
         fallback = [r["T"] for r in rows if r["workload"] == label and r["peer"] == "cublas"

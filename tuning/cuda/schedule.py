@@ -16,7 +16,7 @@ from tvm import s_tir, te, tirx
 
 from tf_dietcode.tuning.cuda import space
 from tf_dietcode.tuning.cuda.space import GpuKernel
-from tf_dietcode.tuning.templates import activation, optional_block
+from tf_dietcode.tuning.templates import activation, dim, optional_block
 from tf_dietcode.tuning.workload import Workload
 
 ACCUMULATE = "acc"
@@ -24,17 +24,9 @@ WRITE_BACK = "out"
 LOOPS_TO_K_OUTER = 6  # batch, block row, block column, thread row, thread column, K step
 
 
-def dim(workload: Workload, name: str, dims: dict[str, int] | None):
-    """A dim as an int32 var (symbolic) or constant: 32-bit index math is the GPU's fast path."""
-    size = getattr(workload, name)
-    if dims is None and not size.static:
-        return tirx.Var(name.upper(), "int32")
-    return tirx.const(size.lo if dims is None else dims[name], "int32")
-
-
 def prim_func(workload: Workload, dims: dict[str, int] | None = None) -> tirx.PrimFunc:
     """The fused product; params x, y (w), [bias or addend], [alpha], out."""
-    b, m, n, k = (dim(workload, d, dims) for d in ("b", "m", "n", "k"))
+    b, m, n, k = (dim(workload, d, dims, "int32") for d in ("b", "m", "n", "k"))
     x = te.placeholder((b, m, k), "float32", name="x")
     r = te.reduce_axis((0, k), "k")
     if workload.kind == "dense":
@@ -54,11 +46,10 @@ def prim_func(workload: Workload, dims: dict[str, int] | None = None) -> tirx.Pr
     return te.create_prim_func([x, y, *([addend] if addend is not None else []), alpha, out])
 
 
-def _fetch_to_shared(sch: s_tir.Schedule, fetch, k_outer, depth: int, kernel: GpuKernel,
-                     k_major: bool = False) -> None:
+def _fetch_to_shared(sch: s_tir.Schedule, fetch, k_outer, kernel: GpuKernel, k_major: bool = False) -> None:
     """Stage an operand tile in shared memory once per K step, every thread of the
-    block copying a strided share (consecutive threads read consecutive addresses);
-    `depth`: the loops down to k_outer. `k_major`: an operand stored [.., column, K]
+    block copying a strided share (consecutive threads read consecutive addresses).
+    `k_major`: an operand stored [.., column, K]
     (NT's y) is laid out [K, column] in the tile, so that the threads of a warp, which
     run along columns, read consecutive words (stored as it comes, a tile_k-word
     stride put up to 16 of them in one bank: NT ran at 0.6x cuBLAS from T = 81 on an
@@ -70,7 +61,7 @@ def _fetch_to_shared(sch: s_tir.Schedule, fetch, k_outer, depth: int, kernel: Gp
         sch.transform_layout(fetch, ("write", 0), lambda p, j, r: (p, r, j))
         sch.storage_align(fetch, 0, axis=1, factor=32, offset=space.K_MAJOR_PADDING)
     threads_x, threads_y = kernel.threads
-    axes = sch.get_loops(fetch)[depth:]
+    axes = sch.get_loops(fetch)[LOOPS_TO_K_OUTER:]
     _, ty, tx = sch.split(sch.fuse(*axes), [None, threads_y, threads_x])
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
@@ -100,8 +91,7 @@ def schedule(workload: Workload, kernel: GpuKernel, dims: dict[str, int] | None 
         fetch = optional_block(sch, f"{name}_pad")
         if fetch is None:  # nothing padded: a plain copy
             fetch = sch.cache_read(acc, index, "shared")
-        _fetch_to_shared(sch, fetch, k_outer, LOOPS_TO_K_OUTER, kernel,
-                         k_major=name == "y" and workload.transpose_b)
+        _fetch_to_shared(sch, fetch, k_outer, kernel, k_major=name == "y" and workload.transpose_b)
     sch.decompose_reduction(acc, k_outer)
     for loop in (k_inner, i_tile, j_tile):
         sch.unroll(loop)

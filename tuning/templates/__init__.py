@@ -48,12 +48,13 @@ def _template(kind: str):
     return importlib.import_module(f"tf_dietcode.tuning.templates.{kind}")
 
 
-def dim(workload, name: str, dims: dict[str, int] | None):
-    """A dim as TIR: a symbolic int64 var if dynamic and not fixed by `dims`, else a constant."""
+def dim(workload, name: str, dims: dict[str, int] | None, dtype: str = "int64"):
+    """A dim as TIR: a symbolic var if dynamic and not fixed by `dims`, else a constant
+    (int64 on the CPU; GPU kernels ask for int32, their fast index type)."""
     size = getattr(workload, name)
     if dims is None and not size.static:
-        return tirx.Var(name.upper(), "int64")
-    return tirx.const(size.lo if dims is None else dims[name], "int64")
+        return tirx.Var(name.upper(), dtype)
+    return tirx.const(size.lo if dims is None else dims[name], dtype)
 
 
 def optional_block(sch: s_tir.Schedule, name: str):
