@@ -312,6 +312,7 @@ std::string KernelBundle::StatsJson() const {
   return absl::StrCat("{\"path\":", std::string(json::Stringify(String(path_))),
                       ",\"problem\":", std::string(json::Stringify(String(problem_))),
                       ",\"generic_calls\":", generic_calls_.load(),
+                      ",\"calling_thread_calls\":", calling_thread_calls_.load(),
                       ",\"workloads\":[", absl::StrJoin(workloads, ","), "]}");
 }
 

@@ -90,9 +90,15 @@ class KernelBundle {
     generic_calls_.fetch_add(1, std::memory_order_relaxed);
   }
 
+  // Counts a tuned call run on the calling thread alone (tvm_bridge.h).
+  void CountCallingThreadCall() const {
+    calling_thread_calls_.fetch_add(1, std::memory_order_relaxed);
+  }
+
   const BackendHooks& backend_hooks() const { return hooks_; }
 
-  // Calls per kernel and generic calls, as JSON, for tests and debugging.
+  // Calls per kernel, generic calls and tuned calls run on the calling thread,
+  // as JSON, for tests and debugging.
   std::string StatsJson() const;
 
  private:
@@ -104,6 +110,7 @@ class KernelBundle {
   std::vector<std::unique_ptr<TunedWorkload>> workloads_;
   BackendHooks hooks_;
   mutable std::atomic<int64_t> generic_calls_{0};
+  mutable std::atomic<int64_t> calling_thread_calls_{0};
 };
 
 }  // namespace tf_dietcode

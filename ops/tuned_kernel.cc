@@ -97,6 +97,22 @@ tensorflow::Status AlignedData(tensorflow::OpKernelContext* ctx,
   return tensorflow::Status();
 }
 
+// A call whose kernel would take one core less than this runs on the calling
+// thread alone (tvm_bridge.h): waking a sleeping pool thread and then the
+// launcher costs about as much as splitting saves (tens of microseconds, see
+// decisions.md, "Threads").
+constexpr double kOnCallingThreadBelowMicros = 20;
+
+// A rough one-core time for the call: its flops at 100 GFLOP/s and the bytes
+// of its operands and output at 25 GB/s.
+bool RunsOnCallingThread(const TunedCall& call) {
+  const double b = call.dims[kB], m = call.dims[kM], n = call.dims[kN],
+               k = call.dims[kK];
+  const double micros =
+      2 * b * m * n * k / 1e5 + 4 * b * (m * k + k * n + m * n) / 2.5e4;
+  return micros < kOnCallingThreadBelowMicros;
+}
+
 // Calls the chosen kernel on the op's buffers.
 tensorflow::Status CallKernel(tensorflow::OpKernelContext* ctx,
                               const KernelBundle& bundle,
@@ -152,7 +168,10 @@ tensorflow::Status CallKernel(tensorflow::OpKernelContext* ctx,
   }
 
   RouteBackendCalls(bundle.backend_hooks());
-  ScopedIntraOpPool pool(ctx->device()->tensorflow_cpu_worker_threads());
+  const bool on_calling_thread = RunsOnCallingThread(call);
+  if (on_calling_thread) bundle.CountCallingThreadCall();
+  ScopedIntraOpPool pool(ctx->device()->tensorflow_cpu_worker_threads(),
+                         on_calling_thread);
   try {
     tvm::ffi::Any unused;
     choice.workload->kernels[choice.kernel].CallPacked(args, num_args, &unused);

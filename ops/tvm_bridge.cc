@@ -18,6 +18,7 @@ namespace {
 
 thread_local const tensorflow::DeviceBase::CpuWorkerThreads* intra_op_pool =
     nullptr;
+thread_local bool on_calling_thread = false;
 
 // One parallel launch, shared by the pool closures that run it (and a
 // launcher that runs tasks too): whoever comes first claims the next task. A
@@ -54,11 +55,15 @@ struct Launch {
 // every kernel and TF's next op waited for it to wake: BERT-base ran about 10%
 // slower (decisions.md, "Threads"). A launcher that is itself a pool thread,
 // or has a single task, runs tasks itself (it must not wait on its own pool).
+// A call the op marked small runs the whole loop as one task on the launcher:
+// waking a pool thread and then the launcher costs more than half of it.
 int LaunchOnIntraOpPool(FTVMParallelLambda flambda, void* cdata,
                         int num_task) {
   const auto* pool = intra_op_pool;
   if (pool == nullptr) return TVMBackendParallelLaunch(flambda, cdata, num_task);
-  const int tasks = num_task > 0 ? num_task : std::max(pool->num_threads, 1);
+  const int tasks = num_task > 0            ? num_task
+                    : on_calling_thread     ? 1
+                                            : std::max(pool->num_threads, 1);
   auto launch = std::make_shared<Launch>(flambda, cdata, tasks);
   const bool runs_tasks = tasks == 1 || pool->workers->CurrentThreadId() >= 0;
   for (int closure = runs_tasks ? 1 : 0; closure < tasks; ++closure) {
@@ -107,12 +112,17 @@ void RouteBackendCalls(const BackendHooks& hooks) {
 }
 
 ScopedIntraOpPool::ScopedIntraOpPool(
-    const tensorflow::DeviceBase::CpuWorkerThreads* workers)
-    : previous_(intra_op_pool) {
+    const tensorflow::DeviceBase::CpuWorkerThreads* workers,
+    bool on_calling_thread_now)
+    : previous_(intra_op_pool), previous_on_calling_thread_(on_calling_thread) {
   intra_op_pool = workers;
+  on_calling_thread = on_calling_thread_now;
 }
 
-ScopedIntraOpPool::~ScopedIntraOpPool() { intra_op_pool = previous_; }
+ScopedIntraOpPool::~ScopedIntraOpPool() {
+  intra_op_pool = previous_;
+  on_calling_thread = previous_on_calling_thread_;
+}
 
 FloatTensorView::FloatTensorView(const float* data,
                                  std::initializer_list<int64_t> shape,

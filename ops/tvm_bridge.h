@@ -6,7 +6,8 @@
 //     pool (which pins the calling thread to a core and, with two ops at
 //     once, oversubscribes the cores): LaunchOnIntraOpPool uses the pool the
 //     calling op set with ScopedIntraOpPool (TVM's own launcher when none is
-//     set, e.g. for Python callers of the same library);
+//     set, e.g. for Python callers of the same library), or runs a small
+//     call's loop on the calling thread alone;
 //   - workspace comes from a per-thread arena (workspace_arena.h).
 // - libtvm_ffi's symbols are made global, so a kernel that raises finds
 //   TVMFFIErrorSetRaisedFromCStrParts although tf.load_op_library loaded us
@@ -41,17 +42,20 @@ BackendHooks FindBackendHooks(void* library_handle);
 // (e.g. from Python) resets them.
 void RouteBackendCalls(const BackendHooks& hooks);
 
-// While alive, TVM parallel loops started on this thread run on `workers`.
+// While alive, TVM parallel loops started on this thread run on `workers`,
+// or, with `on_calling_thread`, as one task on this thread: a call too small
+// to pay for waking pool threads and waiting for them.
 class ScopedIntraOpPool {
  public:
-  explicit ScopedIntraOpPool(
-      const tensorflow::DeviceBase::CpuWorkerThreads* workers);
+  ScopedIntraOpPool(const tensorflow::DeviceBase::CpuWorkerThreads* workers,
+                    bool on_calling_thread = false);
   ~ScopedIntraOpPool();
   ScopedIntraOpPool(const ScopedIntraOpPool&) = delete;
   ScopedIntraOpPool& operator=(const ScopedIntraOpPool&) = delete;
 
  private:
   const tensorflow::DeviceBase::CpuWorkerThreads* previous_;
+  bool previous_on_calling_thread_;
 };
 
 // A float32 CPU DLTensor over `data`, row-major and contiguous, or with

@@ -85,5 +85,7 @@ def fused_batch_matmul_transpose(x: TensorLike, y: TensorLike, perm: Sequence[in
 
 def bundle_stats(bundle: str) -> dict:
     """How this process uses a kernel bundle: "problem" (why it is not used,
-    "" when it is), calls per tuned kernel of each workload, generic calls."""
+    "" when it is), calls per tuned kernel of each workload, generic calls, and
+    "calling_thread_calls": tuned calls too small to split over the intra-op
+    pool, run on the op's own thread."""
     return json.loads(load_op_library().dietcode_bundle_stats(bundle=bundle).numpy())
