@@ -170,6 +170,31 @@ def test_batch_matmul_nt_fetches_its_y_tile_where_nothing_is_padded(rng, workloa
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("workload", [WORKLOADS[8], WORKLOADS[9], WORKLOADS[11]], ids=ids)
+def test_batch_matmul_reads_x_in_place_where_only_its_rows_are_padded(rng, workload):
+    """x rows past M are read in place, clamped to row M - 1 (no copy), where K is
+    static; a dynamic K pads x along the reduction, which must be zero, so x is
+    fetched. Right at every M from 0 (no row tile) past the range."""
+    hw = hardware.detect()
+    kernel = next(k for k in micro_kernel.space(hw, workload) if k.tile_m == 3)  # rows padded at most M
+    template = templates.for_workload(workload)
+    sch = s_tir.Schedule(template.schedule(workload, kernel))
+    reads = {str(region.source): str(region) for region in
+             sch.get(sch.get_sblock(f"{template.COMPUTE_BLOCK}_update")).reads}
+    if workload.k.static:
+        assert "x_pad" not in reads and "T.min(" in reads["x"], reads
+    else:
+        assert "x" not in reads and "x_pad" in reads, reads
+    executable = measure.compile_kernel(workload, kernel, hw)
+    for m in (0, 1, 2, 3, 4, 7, workload.m.hi, workload.m.hi + 2):
+        dims = workload.dims_at(tuple(m if "m" in names else size.hi for names, size in workload.variables()))
+        operands = template.random_operands(workload, dims, rng)
+        arguments = template.kernel_arguments(operands, workload, kernel)
+        measure.run(executable, arguments)
+        np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
+                                   rtol=1e-4, atol=1e-4, err_msg=f"M = {m}")
+
+
 def test_weight_layouts_of_the_space():
     """A dense space holds both weight layouts unless the workload fixes one; a weight
     read in place is never padded, so its tasks split N exactly, and its tasks may run

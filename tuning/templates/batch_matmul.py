@@ -13,10 +13,11 @@ Both operands arrive at run time, so nothing is pre-packed. A parallel task is
 one batch and task_n column blocks (or, whole_batch, one batch and all its
 column tasks in turn): each column task fetches its y panel once into a local
 tile laid out [K, columns] (the NT case transposes while fetching), then walks
-the rows in tile_m steps, fetching each x row tile into a local tile; both are
-zero-padded along K. The register tile computes with no checks; only the
-fetches (copies that stop at M, N, K) and the write-back (scale, addend,
-bound) carry them.
+the rows in tile_m steps. It reads x in place, a row past M clamped to row
+M - 1, unless K is dynamic: then each x row tile is fetched into a local tile,
+as y's is, zero-padded along K. The register tile computes with no checks;
+only the fetches (copies that stop at M, N, K) and the write-back (scale,
+addend, bound) carry them.
 """
 
 
@@ -27,7 +28,8 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as T
 
 from tf_dietcode.tuning.micro_kernel import MicroKernel
-from tf_dietcode.tuning.templates import accumulate_locally, dim, fetch_into_local, optional_block
+from tf_dietcode.tuning.templates import (accumulate_locally, dim, fetch_into_local, optional_block,
+                                          read_in_place_clamped)
 from tf_dietcode.tuning.workload import Workload
 
 COMPUTE_BLOCK = "acc"
@@ -116,9 +118,12 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
         fetch_into_local(sch, y_fetch, columns, 3, lambda q, g, c, d: (q, g, d, c))
     else:
         fetch_into_local(sch, y_fetch, columns, 2)
-    # x is read one element at a time (broadcast), so its tile needs no vector alignment: on the stack,
-    # it saves each task a workspace allocation (and LoopPartition's copies of it) per partition
-    fetch_into_local(sch, optional_block(sch, "x_pad"), i_outer, 3, scope="global")
+    # x is read one element at a time (broadcast): in place, rows past M clamped, where only rows are padded;
+    # else (a padded dynamic K) fetched into a tile that needs no vector alignment: on the stack, it saves
+    # each task a workspace allocation (and LoopPartition's copies of it) per partition
+    x_fetch = optional_block(sch, "x_pad")
+    if x_fetch is not None and not read_in_place_clamped(sch, x_fetch, 3):
+        fetch_into_local(sch, x_fetch, i_outer, 3, scope="global")
     accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), j_inner, i_inner, middle[0],
                        kernel.task_n == 1)
     return sch.mod
