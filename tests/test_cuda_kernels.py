@@ -86,11 +86,8 @@ def test_local_padding_leaves_no_check_in_the_compute_loop(workload):
         # the K step and the thread's register tile have constant trip counts and are unrolled
         assert all(isinstance(loop.extent, tirx.IntImm) and loop.kind == tirx.ForKind.UNROLLED
                    for loop in loops[-3:]), kernel.name
-        # bounds live in the fetches into shared memory (checked where K is padded, else clamped
-        # rows) and in the write-back
-        fetch = str(blocks["x_pad"][0].block.body)
-        k_padded = not workload.k.static or workload.k.lo % kernel.tile_k != 0
-        assert ("if_then_else" in fetch) == k_padded and ("T.min(" in fetch) != k_padded, (kernel.name, fetch)
+        # bounds live in the fetches into shared memory and in the write-back
+        assert "if_then_else" in str(blocks["x_pad"][0].block.body), kernel.name
         write_back = blocks[schedule.WRITE_BACK][0]
         assert not isinstance(write_back.predicate, tirx.IntImm), kernel.name
 

@@ -6,10 +6,9 @@ The computation (contiguous operands):
 
 Local padding: pad_einsum pads M, N (and a dynamic or non-dividing K) to whole
 tiles; the padded operand copies become the shared-memory fetches (the only
-reads with bound checks; an operand padded along M or N alone is clamped
-instead, templates.clamp_padding, with no check), each thread accumulates its
-register tile with no checks, and the epilogue (bias or scale and addend,
-activation) is the write-back of that tile, which alone checks M and N.
+reads with bound checks), each thread accumulates its register tile with no
+checks, and the epilogue (bias or scale and addend, activation) is the
+write-back of that tile, which alone checks M and N.
 """
 
 import tvm
@@ -17,7 +16,7 @@ from tvm import s_tir, te, tirx
 
 from tf_dietcode.tuning.cuda import space
 from tf_dietcode.tuning.cuda.space import GpuKernel
-from tf_dietcode.tuning.templates import activation, clamp_padding, dim, optional_block
+from tf_dietcode.tuning.templates import activation, dim, optional_block
 from tf_dietcode.tuning.workload import Workload
 
 ACCUMULATE = "acc"
@@ -87,15 +86,11 @@ def schedule(workload: Workload, kernel: GpuKernel, dims: dict[str, int] | None 
     # a thread's accumulators stay in registers; the write-back with the epilogue follows its K loop
     sch.reverse_compute_at(sch.get_sblock(WRITE_BACK), j_thread)
     sch.set_scope(acc, 0, "local")
-    operands = {"x": 2}  # each operand's reduction axis: x[b, m, k]; w[k, n]; y[b, n, k] (NT) or y[b, k, n]
-    operands["w" if workload.kind == "dense" else "y"] = 0 if workload.kind == "dense" else \
-        2 if workload.transpose_b else 1
-    for index, (name, reduction_axis) in enumerate(operands.items()):
+    operands = ("x", "w" if workload.kind == "dense" else "y")
+    for index, name in enumerate(operands):
         fetch = optional_block(sch, f"{name}_pad")
         if fetch is None:  # nothing padded: a plain copy
             fetch = sch.cache_read(acc, index, "shared")
-        else:  # padded rows or columns only: copied from the last valid one, with no check
-            clamp_padding(sch, fetch, reduction_axis)
         _fetch_to_shared(sch, fetch, k_outer, kernel, k_major=name == "y" and workload.transpose_b)
     sch.decompose_reduction(acc, k_outer)
     for loop in (k_inner, i_tile, j_tile):

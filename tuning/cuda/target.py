@@ -15,9 +15,8 @@ from tf_dietcode.tuning.cuda.limits import GpuLimits
 from tf_dietcode.tuning.cuda.space import GpuKernel
 
 # Bumped whenever the generated CUDA code changes, so measurements of older kernels are not reused
-# (2: NT's y tile laid out [K, columns] in shared memory; 3: operands padded along M or N alone are
-# fetched with clamped indices, no check).
-CUDA_TEMPLATES_VERSION = 3
+# (2: NT's y tile laid out [K, columns] in shared memory).
+CUDA_TEMPLATES_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,12 +96,13 @@ def clamp_padding(sch: s_tir.Schedule, fetch, reduction_axis: int) -> bool:
     where the copy pads the reduction (those elements must be zero) or is not
     of that form.
 
-    On the CPU the clamped copy is inlined: x is read in place. Batch matmul NT
-    at T = 119 fetching x's rows instead spent 31% of its time in the copy (a
-    tile_m x K copy per row tile and column task) and ran 1.47x its static
-    build, which divides M into whole tiles and reads x in place. The dense
-    template clamps its rows the same way in its compute definition. On a GPU
-    the clamped copy stays the shared-memory fetch, with no predicate.
+    The caller inlines the clamped copy: the operand is read in place. Batch
+    matmul NT at T = 119 fetching x's rows instead spent 31% of its time in the
+    copy (a tile_m x K copy per row tile and column task) and ran 1.47x its
+    static build, which divides M into whole tiles and reads x in place. The
+    dense template clamps its rows the same way in its compute definition.
+    Not for GPU fetches: there a predicated-off load reads nothing, and
+    clamped fetches made dense kernels slower (decisions.md, "CUDA").
     """
     block = sch.get(fetch)
     store = block.body
