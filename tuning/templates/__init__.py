@@ -85,22 +85,21 @@ def fetch_into_local(sch: s_tir.Schedule, fetch, loop, reduction_axis: int, layo
         copy_inside_bounds(sch, fetch, loop, reduction_axis)
 
 
-def clamp_padding(sch: s_tir.Schedule, fetch, reduction_axis: int) -> bool:
-    """Local padding by clamping, where only spatial axes are padded: the padded
-    copy `fetch` ("inside ? load : 0" on rows or columns, never along the
-    reduction, axis `reduction_axis`) becomes a plain load whose checked
-    indices are clamped to their last valid value. Padding then holds a real
-    row (or column) again: finite values that only reach output elements the
-    write-back skips (as in copy_inside_bounds). The clamp depends on the row
-    alone, so the loop over K carries no check. False, with nothing changed,
-    where the copy pads the reduction (those elements must be zero) or is not
-    of that form.
+def read_in_place_clamped(sch: s_tir.Schedule, fetch, reduction_axis: int) -> bool:
+    """Local padding without a copy, where only spatial axes are padded: the
+    padded copy `fetch` ("inside ? load : 0" on rows or columns, never along
+    the reduction, axis `reduction_axis`) becomes a load whose checked indices
+    are clamped to their last valid value, inlined into its consumer. Padding
+    then reads a real row (or column) again: finite values that only reach
+    output elements the write-back skips (as in copy_inside_bounds). The clamp
+    depends on the row alone, so the loop over K carries no check. False, with
+    nothing changed, where the copy pads the reduction (those elements must be
+    zero) or is not of that form.
 
-    The caller inlines the clamped copy: the operand is read in place. Batch
-    matmul NT at T = 119 fetching x's rows instead spent 31% of its time in the
-    copy (a tile_m x K copy per row tile and column task) and ran 1.47x its
-    static build, which divides M into whole tiles and reads x in place. The
-    dense template clamps its rows the same way in its compute definition.
+    Batch matmul NT at T = 119 fetching x's rows instead spent 31% of its time
+    in the copy (a tile_m x K copy per row tile and column task) and ran 1.47x
+    its static build, which divides M into whole tiles and reads x in place.
+    The dense template clamps its rows the same way in its compute definition.
     Not for GPU fetches: there a predicated-off load reads nothing, and
     clamped fetches made dense kernels slower (decisions.md, "CUDA").
     """
@@ -123,6 +122,7 @@ def clamp_padding(sch: s_tir.Schedule, fetch, reduction_axis: int) -> bool:
     rewritten = s_tir.SBlock(block.iter_vars, reads, writes, block.name_hint, body, block.init,
                              block.alloc_buffers, block.match_buffers, block.annotations)
     sch.state.replace(sch.get_sref(fetch), rewritten, {block: rewritten})
+    sch.compute_inline(fetch)
     return True
 
 

@@ -28,8 +28,8 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as T
 
 from tf_dietcode.tuning.micro_kernel import MicroKernel
-from tf_dietcode.tuning.templates import (accumulate_locally, clamp_padding, dim, fetch_into_local,
-                                          optional_block)
+from tf_dietcode.tuning.templates import (accumulate_locally, dim, fetch_into_local, optional_block,
+                                          read_in_place_clamped)
 from tf_dietcode.tuning.workload import Workload
 
 COMPUTE_BLOCK = "acc"
@@ -122,9 +122,7 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     # else (a padded dynamic K) fetched into a tile that needs no vector alignment: on the stack, it saves
     # each task a workspace allocation (and LoopPartition's copies of it) per partition
     x_fetch = optional_block(sch, "x_pad")
-    if x_fetch is not None and clamp_padding(sch, x_fetch, 3):
-        sch.compute_inline(x_fetch)
-    else:
+    if x_fetch is not None and not read_in_place_clamped(sch, x_fetch, 3):
         fetch_into_local(sch, x_fetch, i_outer, 3, scope="global")
     accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), j_inner, i_inner, middle[0],
                        kernel.task_n == 1)
