@@ -53,10 +53,10 @@ struct Launch {
 // the pool threads then stay awake for the elementwise ops TF runs on them
 // next. With task 0 on the launching thread, one pool thread slept through
 // every kernel and TF's next op waited for it to wake: BERT-base ran about 10%
-// slower (decisions.md, "Threads"). A launcher that is itself a pool thread,
-// or has a single task, runs tasks itself (it must not wait on its own pool).
-// A call the op marked small runs the whole loop as one task on the launcher:
-// waking a pool thread and then the launcher costs more than half of it.
+// slower (decisions.md, "Threads"). A launcher that is itself a pool thread
+// runs tasks too (it must not wait on its own pool). A single task, such as
+// a call the op marked small (waking a pool thread and then the launcher
+// costs more than half of it), runs directly on the launcher.
 int LaunchOnIntraOpPool(FTVMParallelLambda flambda, void* cdata,
                         int num_task) {
   const auto* pool = intra_op_pool;
@@ -64,8 +64,12 @@ int LaunchOnIntraOpPool(FTVMParallelLambda flambda, void* cdata,
   const int tasks = num_task > 0            ? num_task
                     : on_calling_thread     ? 1
                                             : std::max(pool->num_threads, 1);
+  if (tasks == 1) {  // nothing to share, wake or wait for
+    TVMParallelGroupEnv env{nullptr, 1};
+    return flambda(0, &env, cdata) == 0 ? 0 : -1;
+  }
   auto launch = std::make_shared<Launch>(flambda, cdata, tasks);
-  const bool runs_tasks = tasks == 1 || pool->workers->CurrentThreadId() >= 0;
+  const bool runs_tasks = pool->workers->CurrentThreadId() >= 0;
   for (int closure = runs_tasks ? 1 : 0; closure < tasks; ++closure) {
     pool->workers->Schedule([launch] { launch->Drain(); });
   }
