@@ -77,6 +77,24 @@ def test_guards_become_loop_bounds():
     assert branches(shrunk) == 4  # the hoisted c >= 0, the i % 3 term, the division, the guard with an else
 
 
+@T.prim_func
+def tiled(a: T.handle, n: T.int64):
+    A = T.match_buffer(a, (T.int64(256),), "int32")
+    for v in range(n // T.int64(16)):  # whole tiles only, as LoopPartition splits them off
+        for i in range(T.int64(16)):
+            if v * T.int64(16) + i < n:
+                A[v * T.int64(16) + i] = A[v * T.int64(16) + i] + 1
+
+
+def test_a_bound_the_enclosing_loops_imply_is_dropped():
+    """In the loop over whole tiles the guard always holds: the tile's loop keeps its constant
+    trip count (a fetch LLVM can unroll and vectorize) and loses its check."""
+    shrunk = guarded_loops.shrink_guarded_loops(tiled.body)
+    assert branches(shrunk) == 0
+    inner = [s for s in statements(shrunk) if isinstance(s, tir_stmt.For)][1]
+    assert isinstance(inner.extent, tvm.tirx.IntImm) and int(inner.extent) == 16
+
+
 def test_shrunk_loops_compute_what_the_guarded_ones_did():
     target = tvm.target.Target("llvm")
     reference = tvm.compile(guarded, target=target, tir_pipeline="default")

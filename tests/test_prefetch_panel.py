@@ -11,6 +11,7 @@ import tvm_ffi
 from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
+from lowered_kernels import build_seen_after
 from tf_dietcode.tuning import hardware, measure, templates
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.templates import dense
@@ -23,17 +24,7 @@ PREFETCHING = MicroKernel(tile_m=6, tile_n=16, tile_k=256, task_n=1, k_outer=Fal
 
 def _lowered(workload: Workload, kernel: MicroKernel) -> tir_stmt.Stmt:
     """The kernel's body right after our PrefetchNextPanel pass."""
-    seen = {}
-
-    @tvm.instrument.pass_instrument
-    class Grab:
-        def run_after_pass(self, mod, info):
-            seen[info.name] = mod
-
-    with tvm.transform.PassContext(config=measure.PASS_CONFIG, instruments=[Grab()]):
-        tvm.compile(templates.for_workload(workload).schedule(workload, kernel), target=HW.target(),
-                    tir_pipeline=measure.PIPELINE)
-    return seen["tf_dietcode.PrefetchNextPanel"]["main"].body
+    return build_seen_after("tf_dietcode.PrefetchNextPanel", workload, kernel)[1].body
 
 
 _PREFETCH = tirx.call_llvm_intrin("void", "llvm.prefetch.p0", *[tirx.const(0, "int32")] * 4)

@@ -2,14 +2,14 @@
 with what depends on the iteration left inside the loop, and kernels built so
 compute what they computed before."""
 
-import numpy as np
 import pytest
 import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning import hardware, measure, task_scratch, templates
+from lowered_kernels import assert_computes_the_product, build_seen_after
+from tf_dietcode.tuning import task_scratch
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
 
@@ -66,29 +66,12 @@ NN = Workload("batch_matmul", (1, 40), 64, (1, 40), b=5, transpose_b=False, ties
 @pytest.mark.parametrize("kernel", [MicroKernel(2, 32, 8, 1, False, whole_batch=True),
                                     MicroKernel(4, 16, 32, 2, True)], ids=lambda kernel: kernel.name)
 def test_kernels_allocating_per_task_compute_the_product(kernel):
-    hw = hardware.detect()
-    template = templates.for_workload(NN)
-    seen = {}
-
-    @tvm.instrument.pass_instrument
-    class AfterOurPass:
-        def run_after_pass(self, mod, info):
-            if info.name == "tf_dietcode.AllocatePerTask":
-                seen["main"] = mod["main"]
-
-    with tvm.transform.PassContext(config=measure.PASS_CONFIG, instruments=[AfterOurPass()]):
-        executable = tvm.compile(template.schedule(NN, kernel), target=hw.target(), tir_pipeline=measure.PIPELINE)
+    executable, main = build_seen_after("tf_dietcode.AllocatePerTask", NN, kernel)
     launch_points = []
-    tvm_ffi.structural_walk(seen["main"].body, (tir_stmt.AttrStmt, lambda node: launch_points.append(node)
-                                                if node.attr_key == task_scratch.LAUNCH_POINT else None))
+    tvm_ffi.structural_walk(main.body, (tir_stmt.AttrStmt, lambda node: launch_points.append(node)
+                                        if node.attr_key == task_scratch.LAUNCH_POINT else None))
     assert launch_points, "the kernel's tiles are still allocated in every iteration"
-    rng = np.random.default_rng(0)
-    for t in (1, 2, 7, 8, 9, 31, 40):
-        operands = template.random_operands(NN, NN.dims_at((t,)), rng)
-        arguments = template.kernel_arguments(operands, NN, kernel)
-        executable["main"](*arguments)
-        np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, NN),
-                                   rtol=1e-5, atol=1e-5, err_msg=f"T={t}")
+    assert_computes_the_product(executable, NN, kernel, (1, 2, 7, 8, 9, 31, 40))
 
 
 def _loop_with_marked_fill(fill_follows_row: bool, guard=None):

@@ -19,6 +19,7 @@ With batch matmul's x tile on the stack (templates 13), symbolic kernels ran
 
 import tvm
 from tvm import sym, tirx
+from tvm.sym.analyzer import ProofStrength
 from tvm.tirx import stmt as tir_stmt
 
 _LIKELY = tvm.ir.Op.get("prim.likely")
@@ -26,9 +27,15 @@ _LIKELY = tvm.ir.Op.get("prim.likely")
 
 def rebuild_loops(stmt: tir_stmt.Stmt, rewrite, enclosing: tuple = ()) -> tir_stmt.Stmt:
     """The statement with every loop rebuilt bottom-up: `rewrite(loop, enclosing)` gets the loop with
-    its body already rebuilt, and the loops around it, outermost first."""
+    its body already rebuilt, and what is in scope around it, outermost first: the enclosing loops
+    and the bindings (`Bind`) before it (`loops` picks the loops)."""
     if isinstance(stmt, tir_stmt.SeqStmt):
-        return tir_stmt.SeqStmt([rebuild_loops(child, rewrite, enclosing) for child in stmt.seq])
+        children, scope = [], enclosing
+        for child in stmt.seq:
+            children.append(rebuild_loops(child, rewrite, scope))
+            if isinstance(child, tir_stmt.Bind):
+                scope = (*scope, child)
+        return tir_stmt.SeqStmt(children)
     if isinstance(stmt, tir_stmt.IfThenElse):
         return tir_stmt.IfThenElse(stmt.condition, rebuild_loops(stmt.then_case, rewrite, enclosing),
                                    None if stmt.else_case is None
@@ -42,9 +49,15 @@ def rebuild_loops(stmt: tir_stmt.Stmt, rewrite, enclosing: tuple = ()) -> tir_st
     return stmt
 
 
+def loops(enclosing: tuple) -> list[tir_stmt.For]:
+    """The loops among what rebuild_loops finds in scope."""
+    return [outer for outer in enclosing if isinstance(outer, tir_stmt.For)]
+
+
 def shrink_guarded_loops(stmt: tir_stmt.Stmt) -> tir_stmt.Stmt:
     """The statement with every guarded serial loop rewritten to iterate only where the guard holds."""
-    return rebuild_loops(stmt, lambda loop, _: _shrink(loop) if loop.kind == tir_stmt.ForKind.SERIAL else loop)
+    return rebuild_loops(stmt, lambda loop, enclosing: _shrink(loop, enclosing) if loop.kind == tir_stmt.ForKind.SERIAL
+                         else loop)
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.ShrinkGuardedLoops")
@@ -123,16 +136,38 @@ def _bound(term, var):
     return None
 
 
-def _shrink(loop: tir_stmt.For) -> tir_stmt.Stmt:
-    """The loop with its guard's monotone terms turned into loop bounds and its invariant terms hoisted."""
+def _integer(expr) -> bool:
+    return str(getattr(expr.ty, "dtype", "")).startswith("int")
+
+
+def _in_scope(enclosing: tuple) -> sym.Analyzer:
+    """An analyzer that knows the enclosing loops' ranges and the bindings in scope."""
+    analyzer = sym.Analyzer()
+    for outer in enclosing:
+        if isinstance(outer, tir_stmt.For):
+            analyzer.bind(outer.loop_var, tvm.ir.Range.from_min_extent(outer.min, outer.extent))
+        elif _integer(outer.value) and _safe_anywhere(outer.value):  # arithmetic, not the argument unpacking
+            analyzer.bind(outer.var, outer.value)
+    return analyzer
+
+
+def _always(analyzer: sym.Analyzer, fact) -> bool:
+    return analyzer.can_prove(fact, ProofStrength.SYMBOLIC_BOUND)
+
+
+def _shrink(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.Stmt:
+    """The loop with its guard's monotone terms turned into loop bounds and its invariant terms hoisted;
+    a bound the enclosing loops already imply (a full tile's fetch inside the loop over full tiles,
+    which LoopPartition split off but left checked) is dropped, so the loop keeps its constant extent."""
     guard = _guard(loop.body)
     if guard is None or not isinstance(loop.min, tirx.IntImm) or (loop.step is not None and int(loop.step) != 1):
         return loop
     bindings, branch = guard
     analyzer = sym.Analyzer()  # reads the guard through the loop's bindings, in outer variables and the loop's
     for binding in bindings:
-        if binding.value.ty.dtype.startswith("int"):
+        if _integer(binding.value):
             analyzer.bind(binding.var, binding.value)
+    scope = _in_scope(enclosing)
     var, dtype = loop.loop_var, loop.extent.ty.dtype
     inner = [binding.var for binding in bindings]
     start, end = loop.min, loop.min + loop.extent
@@ -146,9 +181,11 @@ def _shrink(loop: tir_stmt.For) -> tir_stmt.Stmt:
         if bound is None:
             kept.append(term)
         elif bound[0] == "upper":
-            end = tirx.min(end, bound[1].astype(dtype))
+            if not _always(scope, bound[1] >= end):
+                end = tirx.min(end, bound[1].astype(dtype))
         elif bound[0] == "lower":
-            start = tirx.max(start, bound[1].astype(dtype))
+            if not _always(scope, bound[1] <= start):
+                start = tirx.max(start, bound[1].astype(dtype))
         else:
             hoisted.append(expanded)
     if len(kept) == len(terms):
@@ -157,6 +194,8 @@ def _shrink(loop: tir_stmt.For) -> tir_stmt.Stmt:
     guarded = branch.then_case if not kept else tir_stmt.IfThenElse(tvm.tirx.all(*kept), branch.then_case, None)
     body = tir_stmt.SeqStmt([*bindings, guarded]) if bindings else guarded
     start = simplify(start)
-    shrunk = with_body(loop, body, start, simplify(tirx.max(end - start, tirx.const(0, dtype))))
+    extent = simplify(end - start)
+    if not _always(scope, extent >= 0):
+        extent = simplify(tirx.max(extent, tirx.const(0, dtype)))
+    shrunk = with_body(loop, body, start, extent)
     return tir_stmt.IfThenElse(tvm.tirx.all(*hoisted), shrunk, None) if hoisted else shrunk
-

@@ -27,7 +27,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import rebuild_loops, statements, with_body
+from tf_dietcode.tuning.guarded_loops import loops, rebuild_loops, statements, with_body
 
 EVERY = 4  # k steps per prefetch of one k row of the next panel
 ROWS, BLOCKS, STEPS = (f"tf_dietcode.prefetch_{mark}" for mark in ("rows", "k_blocks", "steps"))
@@ -56,8 +56,8 @@ def _prefetches(loop: tir_stmt.For, enclosing: tuple) -> list[tir_stmt.Stmt]:
     """One prefetch per cache line of the next panel's k row that this block of steps covers."""
     spec = loop.annotations[STEPS]
     k, tile_k, tile_n, size = (int(spec[key]) for key in ("k", "tile_k", "tile_n", "size"))
-    marked = {mark: next((outer for outer in enclosing if mark in outer.annotations), None) for mark in (ROWS, BLOCKS)}
-    task = next((outer for outer in enclosing if outer.kind == tir_stmt.ForKind.PARALLEL), None)  # None: one task
+    marked = {mark: next((outer for outer in loops(enclosing) if mark in outer.annotations), None) for mark in (ROWS, BLOCKS)}
+    task = next((outer for outer in loops(enclosing) if outer.kind == tir_stmt.ForKind.PARALLEL), None)  # None: one task
     dtype = "int64"
     const = lambda value: tirx.const(value, dtype)  # noqa: E731
     # k rows of the next panel, in the order the task's steps reach them: row tile by row tile,

@@ -23,8 +23,9 @@ import importlib
 # 16: cold dense kernels with one-panel tasks prefetch the next panel: prefetch_panel;
 # 17: a tile's padding along a dynamic reduction is zeroed once per task: task_scratch;
 # 18: batch matmul NT fetches its y tile where nothing is padded too;
-# 19: batch matmul reads x in place, rows past M clamped, unless a dynamic K pads it).
-TEMPLATES_VERSION = 19
+# 19: batch matmul reads x in place, rows past M clamped, unless a dynamic K pads it;
+# 20: each loop partition keeps its own accumulator, and guards its enclosing loops imply are dropped).
+TEMPLATES_VERSION = 20
 
 import functools
 

@@ -1,0 +1,39 @@
+"""Kernels built the way tuning builds them, with the kernel as one of our TIR passes left it, and
+checked against the reference: for the tests of those passes."""
+
+import numpy as np
+import tvm
+
+from tf_dietcode.tuning import hardware, measure, templates
+from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.workload import Workload
+
+
+def build_seen_after(pass_name: str, workload: Workload, kernel: MicroKernel, dims: dict | None = None):
+    """(the compiled kernel, its "main" right after the pass named `pass_name`)."""
+    seen = {}
+
+    @tvm.instrument.pass_instrument
+    class AfterThePass:
+        def run_after_pass(self, mod, info):
+            if info.name == pass_name:
+                seen["main"] = mod["main"]
+
+    with tvm.transform.PassContext(config=measure.PASS_CONFIG, instruments=[AfterThePass()]):
+        executable = tvm.compile(templates.for_workload(workload).schedule(workload, kernel, dims),
+                                 target=hardware.detect().target(), tir_pipeline=measure.PIPELINE)
+    return executable, seen["main"]
+
+
+def assert_computes_the_product(executable, workload: Workload, kernel: MicroKernel, sequence_lengths) -> None:
+    """The kernel's output against the float64 reference at each T (one dynamic dim, or dims tied to it)."""
+    template = templates.for_workload(workload)
+    rng = np.random.default_rng(0)
+    for t in sequence_lengths:
+        operands = template.random_operands(workload, workload.dims_at((t,)), rng)
+        arguments = template.kernel_arguments(operands, workload, kernel)
+        executable["main"](*arguments)
+        np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
+                                   rtol=1e-5, atol=1e-5, err_msg=f"T={t}")
+
+

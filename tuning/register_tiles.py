@@ -1,0 +1,115 @@
+"""A TIR pass that gives each loop partition its own copy of a register tile
+(the accumulator) where TVM's StorageRewrite made them share one.
+
+Why: LoopPartition copies a kernel's row-tile loop into the full tiles and
+the remainders, each with its own accumulator; StorageRewrite then merges
+the copies into one stack array (their lifetimes do not overlap). LLVM keeps
+a stack array in registers only where every access has a constant index, and
+a remainder's write-back indexes the accumulator by a loop of variable trip
+count, so the merged array stayed in memory for the full tiles too: their
+write-back reloaded each row just stored, partly (a 16-byte piece of a
+64-byte store), a store-forwarding stall per row tile. Batch matmul NT's
+symbolic kernels spent 19% of their time there and ran 1.2x their static
+builds' time (`m4_n16_k32_t1_ko_b`, T = 100-119, one thread; a static build
+at those T has no variable trip counts). With its own copy, the full tiles'
+accumulator lives in registers; a remainder's copy stays in memory, as it did.
+
+A copy is private only where sharing carries nothing: the partition writes
+the whole tile (constant indices, before any read) right where it declares
+it, as a register tile's zero-init does. Tiles whose contents outlive one
+partition (a fetched tile's zero padding, written once per task) are left
+alone.
+"""
+
+import functools
+import operator
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.tirx import stmt as tir_stmt
+
+STACK_BYTES = 1024  # TVM's LLVM backend keeps "global" tiles of constant size under this on the stack
+_BUFFER_DATA = tvm.ir.Op.get("tirx.buffer_data")
+
+
+def _on_stack(buffer: tirx.Buffer) -> bool:
+    if buffer.scope() != "global" or not all(isinstance(d, tirx.IntImm) for d in buffer.shape):
+        return False
+    return _elements(buffer) * tvm.DataType(buffer.dtype).bits // 8 < STACK_BYTES
+
+
+def _elements(buffer: tirx.Buffer) -> int:
+    return functools.reduce(operator.mul, (int(d) for d in buffer.shape), 1)
+
+
+def _aliased_tile(statement: tir_stmt.Stmt, tiles: list[tirx.Buffer]) -> bool:
+    """Whether the statement declares a view of one of the stack tiles (an alias StorageRewrite made)."""
+    if not isinstance(statement, tir_stmt.DeclBuffer):
+        return False
+    data = statement.data
+    return (isinstance(data, tvm.ir.Call) and data.op.same_as(_BUFFER_DATA)
+            and any(tile.same_as(data.args[0]) for tile in tiles))
+
+
+def _reads(node, buffer: tirx.Buffer) -> bool:
+    loads = []
+    tvm_ffi.structural_walk(node, (tvm.ir.TensorLoad, loads.append))
+    return any(load.source.same_as(buffer) for load in loads)
+
+
+def _written_whole_first(buffer: tirx.Buffer, following: list[tir_stmt.Stmt]) -> bool:
+    """Whether the statements after the declaration start by storing every element of `buffer`
+    at constant indices (scalars or constant ramps), reading none of it before."""
+    missing = set(range(_elements(buffer)))
+    for statement in following:
+        if not missing:
+            return True
+        if not isinstance(statement, tir_stmt.BufferStore) or not statement.buffer.same_as(buffer) \
+                or len(statement.indices) != 1 or _reads(statement.value, buffer):
+            return False
+        index = statement.indices[0]
+        if isinstance(index, tirx.IntImm):
+            missing.discard(int(index))
+        elif isinstance(index, tirx.Ramp) and all(isinstance(part, tirx.IntImm)
+                                                   for part in (index.base, index.stride, index.lanes)):
+            missing -= {int(index.base) + lane * int(index.stride) for lane in range(int(index.lanes))}
+        else:
+            return False
+    return not missing
+
+
+def _private_copies(stmt: tir_stmt.Stmt, tiles: list[tirx.Buffer]) -> tir_stmt.Stmt:
+    """The statement with every qualifying alias of a stack tile turned into a tile of its own."""
+    if isinstance(stmt, tir_stmt.SeqStmt):
+        children = [_private_copies(child, tiles) for child in stmt.seq]
+        for position, child in enumerate(children):
+            if _aliased_tile(child, tiles) and _written_whole_first(child.buffer, children[position + 1:]):
+                alias = child.buffer
+                own = tirx.decl_buffer(alias.shape, alias.dtype, alias.name, scope="global")
+                rename = lambda buffer, alias=alias, own=own: own if buffer.same_as(alias) else buffer  # noqa: E731
+                children[position] = tir_stmt.AllocBuffer(own)
+                children[position + 1:] = [tvm_ffi.structural_map(later, (tirx.Buffer, rename))
+                                           for later in children[position + 1:]]
+        return tir_stmt.SeqStmt(children)
+    if isinstance(stmt, tir_stmt.For):
+        return tir_stmt.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, _private_copies(stmt.body, tiles),
+                            stmt.thread_binding, stmt.annotations, stmt.step)
+    if isinstance(stmt, tir_stmt.IfThenElse):
+        return tir_stmt.IfThenElse(stmt.condition, _private_copies(stmt.then_case, tiles),
+                                   None if stmt.else_case is None else _private_copies(stmt.else_case, tiles))
+    if isinstance(stmt, tir_stmt.AttrStmt):
+        return tir_stmt.AttrStmt(stmt.node, stmt.attr_key, stmt.value, _private_copies(stmt.body, tiles))
+    return stmt
+
+
+def private_register_tiles(body: tir_stmt.Stmt) -> tir_stmt.Stmt:
+    allocations = []
+    tvm_ffi.structural_walk(body, (tir_stmt.AllocBuffer, allocations.append))
+    tiles = [allocation.buffer for allocation in allocations if _on_stack(allocation.buffer)]
+    return _private_copies(body, tiles) if tiles else body
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.PrivateRegisterTiles")
+def PrivateRegisterTiles(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:  # noqa: N802 (TVM pass naming)
+    return func.with_body(private_register_tiles(func.body))
