@@ -3,7 +3,6 @@ with what depends on the iteration left inside the loop, and kernels built so
 compute what they computed before."""
 
 import pytest
-import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
@@ -59,85 +58,16 @@ def test_loops_with_nothing_to_hoist_are_left_alone():
     assert task_scratch.allocate_per_task(without_tiles).same_as(without_tiles)
 
 
-# Batch matmul NN allocates tiles spanning its dynamic K in every iteration; b=5 splits unevenly between tasks.
-NN = Workload("batch_matmul", (1, 40), 64, (1, 40), b=5, transpose_b=False, ties=("m", "k"))
+# Batch matmul NT fetches a y tile per column task; b=5 splits unevenly between tasks.
+NT = Workload("batch_matmul", (1, 40), (1, 40), 64, b=5, ties=("m", "n"))
 
 
 @pytest.mark.parametrize("kernel", [MicroKernel(2, 32, 8, 1, False, whole_batch=True),
                                     MicroKernel(4, 16, 32, 2, True)], ids=lambda kernel: kernel.name)
 def test_kernels_allocating_per_task_compute_the_product(kernel):
-    executable, main = build_seen_after("tf_dietcode.AllocatePerTask", NN, kernel)
+    executable, main = build_seen_after("tf_dietcode.AllocatePerTask", NT, kernel)
     launch_points = []
     tvm_ffi.structural_walk(main.body, (tir_stmt.AttrStmt, lambda node: launch_points.append(node)
                                         if node.attr_key == task_scratch.LAUNCH_POINT else None))
     assert launch_points, "the kernel's tiles are still allocated in every iteration"
-    assert_computes_the_product(executable, NN, kernel, (1, 2, 7, 8, 9, 31, 40))
-
-
-def _loop_with_marked_fill(fill_follows_row: bool, guard=None):
-    """for i in parallel(8): a tile of n + 7 elements; for r in range(4): pad = 7 - n % 8 (the same
-    in every iteration); a marked zero fill of tile[n + j] for j < pad, or of tile[r + j] (moving
-    with the row), under `if guard(n, r)` where a guard is given; then a copy into tile[r]."""
-    n, i, r, j = (tirx.Var(name, "int64") for name in ("n", "i", "r", "j"))
-    pad = tirx.Var("pad", "int64")
-    source = tirx.decl_buffer([n], "float32", "source")
-    tile = tirx.decl_buffer([n + 7], "float32", "tile")
-    fill = tir_stmt.For(j, tirx.const(0, "int64"), pad, tir_stmt.ForKind.SERIAL,
-                        tir_stmt.BufferStore(tile, tirx.const(0.0, "float32"), [(r if fill_follows_row else n) + j]))
-    marked = tir_stmt.AttrStmt(j, task_scratch.PADDING_FILL, tirx.const(1, "int32"), fill)
-    row = tir_stmt.SeqStmt([
-        tir_stmt.Bind(pad, 7 - tirx.floormod(n, 8)),
-        marked if guard is None else tir_stmt.IfThenElse(guard(n, r), marked, None),
-        tir_stmt.BufferStore(tile, source[r], [r]),
-    ])
-    rows = tir_stmt.For(r, tirx.const(0, "int64"), tirx.const(4, "int64"), tir_stmt.ForKind.SERIAL, row)
-    body = tir_stmt.SeqStmt([tir_stmt.AllocBuffer(tile), rows])
-    parallel = tir_stmt.For(i, tirx.const(0, "int64"), tirx.const(8, "int64"), tir_stmt.ForKind.PARALLEL, body)
-    return tirx.PrimFunc([n, source], parallel)
-
-
-def _after_pass(func: tirx.PrimFunc) -> tir_stmt.Stmt:
-    return task_scratch.AllocatePerTask(tvm.IRModule({"main": func}))["main"].body
-
-
-def _attr_keys(stmt) -> list:
-    keys = []
-    tvm_ffi.structural_walk(stmt, (tir_stmt.AttrStmt, lambda attr: keys.append(attr.attr_key)))
-    return keys
-
-
-def test_a_padding_fill_the_same_in_every_iteration_runs_once_per_task():
-    launch = _after_pass(_loop_with_marked_fill(fill_follows_row=False))
-    assert isinstance(launch, tir_stmt.AttrStmt) and launch.attr_key == task_scratch.LAUNCH_POINT
-    allocation, fill, parallel = _sequence(launch.body)
-    assert isinstance(allocation, tir_stmt.AllocBuffer) and isinstance(parallel, tir_stmt.For)
-    assert isinstance(fill, tir_stmt.For) and not task_scratch.uses(fill.extent, [parallel.loop_var])
-    assert "pad" not in str(fill.extent)  # the binding, set inside the loop, replaced by its value
-    stores = []
-    tvm_ffi.structural_walk(parallel, (tir_stmt.BufferStore, stores.append))
-    assert len(stores) == 1 and isinstance(stores[0].value, tvm.ir.TensorLoad)  # only the copy is left
-    assert task_scratch.PADDING_FILL not in _attr_keys(launch)
-
-
-def test_a_padding_fill_that_moves_with_the_iteration_stays_and_loses_its_mark():
-    launch = _after_pass(_loop_with_marked_fill(fill_follows_row=True))
-    allocation, parallel = _sequence(launch.body)
-    stores = []
-    tvm_ffi.structural_walk(parallel, (tir_stmt.BufferStore, stores.append))
-    assert len(stores) == 2
-    assert _attr_keys(launch) == [task_scratch.LAUNCH_POINT]
-
-
-def test_a_guarded_fill_runs_once_per_task_under_its_guard():
-    launch = _after_pass(_loop_with_marked_fill(fill_follows_row=False, guard=lambda n, r: tirx.floormod(n, 8) != 0))
-    allocation, guarded, parallel = _sequence(launch.body)
-    assert isinstance(guarded, tir_stmt.IfThenElse) and "n % T.int64(8) != T.int64(0)" in str(guarded.condition)
-    assert isinstance(guarded.then_case, tir_stmt.For) and guarded.else_case is None
-
-
-def test_a_fill_guarded_by_the_iteration_stays():
-    launch = _after_pass(_loop_with_marked_fill(fill_follows_row=False, guard=lambda n, r: r < n))
-    allocation, parallel = _sequence(launch.body)
-    stores = []
-    tvm_ffi.structural_walk(parallel, (tir_stmt.BufferStore, stores.append))
-    assert len(stores) == 2
+    assert_computes_the_product(executable, NT, kernel, (1, 2, 7, 8, 9, 31, 40))

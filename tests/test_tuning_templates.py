@@ -171,20 +171,16 @@ def test_batch_matmul_nt_fetches_its_y_tile_where_nothing_is_padded(rng, workloa
 
 
 @pytest.mark.parametrize("workload", [WORKLOADS[8], WORKLOADS[9], WORKLOADS[11]], ids=ids)
-def test_batch_matmul_reads_x_in_place_where_only_its_rows_are_padded(rng, workload):
-    """x rows past M are read in place, clamped to row M - 1 (no copy), where K is
-    static; a dynamic K pads x along the reduction, which must be zero, so x is
-    fetched. Right at every M from 0 (no row tile) past the range."""
+def test_batch_matmul_reads_x_in_place(rng, workload):
+    """x rows past M are read in place, clamped to row M - 1 (no copy), whether K is
+    static or dynamic (never padded). Right at every M from 0 (no row tile) past the range."""
     hw = hardware.detect()
     kernel = next(k for k in micro_kernel.space(hw, workload) if k.tile_m == 3)  # rows padded at most M
     template = templates.for_workload(workload)
     sch = s_tir.Schedule(template.schedule(workload, kernel))
     reads = {str(region.source): str(region) for region in
              sch.get(sch.get_sblock(f"{template.COMPUTE_BLOCK}_update")).reads}
-    if workload.k.static:
-        assert "x_pad" not in reads and "T.min(" in reads["x"], reads
-    else:
-        assert "x" not in reads and "x_pad" in reads, reads
+    assert "x_pad" not in reads and "T.min(" in reads["x"], reads
     executable = measure.compile_kernel(workload, kernel, hw)
     for m in (0, 1, 2, 3, 4, 7, workload.m.hi, workload.m.hi + 2):
         dims = workload.dims_at(tuple(m if "m" in names else size.hi for names, size in workload.variables()))
@@ -241,21 +237,22 @@ def test_local_padding_leaves_no_check_in_the_compute_loop(rng, workload):
         assert loops[0].kind == tirx.ForKind.PARALLEL
         # The register tile and the K block have constant trip counts ...
         assert all(isinstance(loop.extent, tirx.IntImm) for loop in loops[-3:]), kernel.name
-        # ... the block runs unconditionally, and its body has no select.
-        assert isinstance(realize.predicate, tirx.IntImm) and realize.predicate.value == 1, kernel.name
+        # ... the block runs unconditionally (but for a dynamic K's last, shorter block: a check
+        # LoopPartition and ShrinkGuardedLoops turn into loop bounds, see test_guarded_loops), and
+        # its body has no select.
+        if workload.k.static:
+            assert isinstance(realize.predicate, tirx.IntImm) and realize.predicate.value == 1, kernel.name
+        else:
+            assert str(realize.predicate).startswith("T.likely(") and str(realize.predicate).endswith(" < K)")
         assert "if_then_else" not in str(realize.block.body)
         # Bounds live where data enters (fetch) and leaves (write-back predicate). The fetch
-        # copies with no select per element; only padding along a dynamic K is zeroed, past K.
+        # copies with no select per element and zeroes nothing: only rows and columns are padded.
         for fetch in ("x_pad", "y_pad"):
             _, fetch_realize = enclosing_loops_and_realize(mod, fetch)
             if fetch_realize is not None:
                 assert "if_then_else" not in str(fetch_realize.block.body), (kernel.name, fetch)
                 _, zero_realize = enclosing_loops_and_realize(mod, f"{fetch}_pad_const")
-                assert float(zero_realize.block.body.value) == 0.0, (kernel.name, fetch)
-                if workload.k.static:
-                    assert zero_realize.predicate.value == 0, (kernel.name, fetch)
-                else:
-                    assert "T.likely(K <= " in str(zero_realize.predicate), (kernel.name, fetch)
+                assert zero_realize.predicate.value == 0, (kernel.name, fetch)
         _, write_realize = enclosing_loops_and_realize(mod, "out")
         if kernel.tile_m > 1 and not workload.m.static:  # rows padded past a dynamic M
             assert not isinstance(write_realize.predicate, tirx.IntImm), kernel.name

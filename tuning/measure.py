@@ -46,7 +46,8 @@ class Measurement:
 # the fetches split this way too (templates 11), batch matmul NT's symbolic m2_n32_k32
 # ran 6-12% faster at T = 62-128 and 2-5% slower at T = 5-17; NN and dense within 1%
 # (Zen 1 VM, interleaved). The fetches now stop at the bounds by themselves
-# (templates.copy_inside_bounds), leaving the write-backs and the zero fill past K.
+# (templates.copy_inside_bounds), leaving the write-backs and a dynamic K's last block
+# (batch_matmul.partition_the_reduction).
 PASS_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True}}
 
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # hardware.py uses this module to answer for its kernels
 class MicroKernel:
     tile_m: int    # register-tile rows
     tile_n: int    # register-tile columns; also the pre-packed weight's block width
-    tile_k: int    # K cache block (divides a static K; a dynamic K is padded to it)
+    tile_k: int    # K cache block (divides a static K; a dynamic K's last block is shorter)
     task_n: int    # tile_n blocks per parallel task (cache blocking of N)
     k_outer: bool  # K blocks outside (True) or inside (False) the task's N blocks
     packed: bool = False  # dense: weight pre-packed in tile_n blocks (True) or read in place as w[K, N]
@@ -47,7 +47,7 @@ def _register_tiles(hw: "Hardware"):
 def _k_blocks(hw: "Hardware", workload: Workload, tile_n: int):
     """K cache blocks whose panel (tile_k x tile_n) fits in half of L2: divisors of a
     static K (and K itself), or powers of two up to K's maximum when K is dynamic
-    (the reduction is then padded to whole blocks)."""
+    (the last block is then shorter)."""
     k = workload.k.hi
     if workload.k.static:
         candidates = {k} | {d for d in (32, 64, 128, 192, 256, 384, 512) if d < k and k % d == 0}

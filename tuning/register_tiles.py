@@ -16,9 +16,8 @@ accumulator lives in registers; a remainder's copy stays in memory, as it did.
 
 A copy is private only where sharing carries nothing: the partition writes
 the whole tile (constant indices, before any read) right where it declares
-it, as a register tile's zero-init does. Tiles whose contents outlive one
-partition (a fetched tile's zero padding, written once per task) are left
-alone.
+it, as a register tile's zero-init does. A tile whose contents could outlive
+one partition is left shared.
 """
 
 import functools

@@ -24,19 +24,18 @@ import importlib
 # 17: a tile's padding along a dynamic reduction is zeroed once per task: task_scratch;
 # 18: batch matmul NT fetches its y tile where nothing is padded too;
 # 19: batch matmul reads x in place, rows past M clamped, unless a dynamic K pads it;
-# 20: each loop partition keeps its own accumulator, and guards its enclosing loops imply are dropped).
-TEMPLATES_VERSION = 20
+# 20: each loop partition keeps its own accumulator, and guards its enclosing loops imply are dropped;
+# 21: batch matmul never pads K: its last K block is shorter, and x is always read in place).
+TEMPLATES_VERSION = 21
 
 import functools
 
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.stmt import SBlockRealize
-from tvm.tirx.analysis import undefined_vars
 from tvm.sym import Analyzer
 from tvm.sym.analyzer import ProofStrength
 
-from tf_dietcode.tuning import task_scratch
 
 
 def for_workload(workload):
@@ -67,35 +66,33 @@ def optional_block(sch: s_tir.Schedule, name: str):
         return None
 
 
-def fetch_into_local(sch: s_tir.Schedule, fetch, loop, reduction_axis: int, layout=None, scope: str = "local"):
+def fetch_into_local(sch: s_tir.Schedule, fetch, loop, layout=None):
     """Local padding, input side: the copy `fetch` (pad_einsum's padded copy, or
     a plain cache_read where nothing is padded) becomes a tile private to each
-    task, laid out by the index map `layout` where one is given, fetched once
-    per iteration of `loop`; a padded copy goes through copy_inside_bounds (its
-    iteration axis `reduction_axis` runs along the reduction). scope "local": a
-    64-byte-aligned workspace allocation per task (for tiles read as vectors);
-    "global": on the stack where under 1 KiB (see accumulate_locally). None:
+    task (a 64-byte-aligned workspace allocation, for tiles read as vectors),
+    laid out by the index map `layout` where one is given, fetched once per
+    iteration of `loop`; a padded copy goes through copy_inside_bounds. None:
     nothing to fetch (the operand is read in place)."""
     if fetch is None:
         return
     sch.compute_at(fetch, loop)
-    sch.set_scope(fetch, 0, scope)
+    sch.set_scope(fetch, 0, "local")
     if layout is not None:
         sch.transform_layout(fetch, ("write", 0), layout)
     if _selects(sch.get(fetch).body.value):
-        copy_inside_bounds(sch, fetch, loop, reduction_axis)
+        copy_inside_bounds(sch, fetch, loop)
 
 
-def read_in_place_clamped(sch: s_tir.Schedule, fetch, reduction_axis: int) -> bool:
+def read_in_place_clamped(sch: s_tir.Schedule, fetch, reduction_axis: int) -> None:
     """Local padding without a copy, where only spatial axes are padded: the
     padded copy `fetch` ("inside ? load : 0" on rows or columns, never along
     the reduction, axis `reduction_axis`) becomes a load whose checked indices
     are clamped to their last valid value, inlined into its consumer. Padding
     then reads a real row (or column) again: finite values that only reach
     output elements the write-back skips (as in copy_inside_bounds). The clamp
-    depends on the row alone, so the loop over K carries no check. False, with
-    nothing changed, where the copy pads the reduction (those elements must be
-    zero) or is not of that form.
+    depends on the row alone, so the loop over K carries no check. A copy that
+    pads the reduction (whose elements must be zero) or is of another form is
+    a template's error (ValueError).
 
     Batch matmul NT at T = 119 fetching x's rows instead spent 31% of its time
     in the copy (a tile_m x K copy per row tile and column task) and ran 1.47x
@@ -107,14 +104,14 @@ def read_in_place_clamped(sch: s_tir.Schedule, fetch, reduction_axis: int) -> bo
     block = sch.get(fetch)
     store = block.body
     if not _selects(store.value):
-        return False
+        raise ValueError(f"{block.name_hint} is not a padded copy: {store.value}")
     condition, load, _ = store.value.args
     axes = [iter_var.var for iter_var in block.iter_vars]
     clamped = list(load.indices)
     for term in conjunction_terms(condition):
         if not isinstance(term, tirx.LT) or not any(term.a.same_as(axis) for axis in axes) \
                 or term.a.same_as(axes[reduction_axis]):
-            return False
+            raise ValueError(f"{block.name_hint} pads more than rows or columns: {condition}")
         clamped = [tirx.min(index, term.b - 1) if index.same_as(term.a) else index for index in clamped]
     body = tirx.BufferStore(store.buffer, tirx.BufferLoad(load.source, clamped), store.indices)
     reads, writes = s_tir.analysis.get_sblock_read_write_region(
@@ -124,7 +121,6 @@ def read_in_place_clamped(sch: s_tir.Schedule, fetch, reduction_axis: int) -> bo
                              block.alloc_buffers, block.match_buffers, block.annotations)
     sch.state.replace(sch.get_sref(fetch), rewritten, {block: rewritten})
     sch.compute_inline(fetch)
-    return True
 
 
 def _selects(value) -> bool:
@@ -132,43 +128,25 @@ def _selects(value) -> bool:
     return isinstance(value, tvm.ir.expr.Call) and value.op.same_as(tvm.ir.Op.get("prim.if_then_else"))
 
 
-def copy_inside_bounds(sch: s_tir.Schedule, fetch, loop, reduction_axis: int) -> None:
+def copy_inside_bounds(sch: s_tir.Schedule, fetch, loop) -> None:
     """Split the fetch's per-element "inside ? load : 0" (decompose_padding)
-    into a copy whose loops stop at the operand's bounds and a zero fill of the
-    padding past the reduction's bound alone, neither checking any element.
+    into a copy whose loops stop at the operand's bounds, checking no element,
+    and a zero fill of the padding that never runs.
 
     Padding past a spatial bound (rows past M, columns past N) keeps whatever
     the tile held: a product never mixes rows of x or columns of y, so it only
-    reaches output elements the write-back skips. Padding along the reduction
-    is summed into every output, so it is zeroed, `likely` marking the check
-    for LoopPartition to split the zero-fill loop at the bound.
+    reaches output elements the write-back skips. The reduction is never
+    padded (batch_matmul.partition_the_reduction), so no padding needs zeros.
 
     A check per element cost a symbolic kernel 1.3-1.6x its static build's
-    time (LLVM turned the int64 compares into masks). Splitting the checked
-    loops at their bounds (LoopPartition) left the zero-fill remainder
-    checked, TVM being unable to prove the check false there: batch matmul
-    NT at T=1, one valid column of a 32-column panel, still ran 1.75x its
-    static build. Zero-filling every padded tile whole made NN kernels 5%
-    slower (each row tile of a K not a multiple of tile_k zeroed in full).
+    time (LLVM turned the int64 compares into masks).
     """
     if not isinstance(sch.get(sch.get_loops(fetch)[-1]).body, SBlockRealize):
         sch.add_unit_loop(fetch)  # a tile of one element gets no loop of its own
-    block = sch.get(fetch)
-    reduction = block.iter_vars[reduction_axis].var
-    bound = next((term for term in conjunction_terms(block.body.value.args[0])
-                  if any(var.same_as(reduction) for var in undefined_vars(term, []))), None)  # None: K not padded
     loops = sch.get_loops(fetch)
     depth = [sch.get(outer).same_as(sch.get(loop)) for outer in loops].index(True) + 1  # the fetch's first loop
     zero = sch.decompose_padding(fetch, loops[depth])
-    past_bound = tirx.const(False, "bool")
-    if bound is not None:
-        in_zero_fill = Analyzer()  # the fill's iteration axes follow the fetch's
-        realize = sch.get(sch.get_loops(zero)[-1]).body
-        for var, value in zip(block.iter_vars, realize.iter_values, strict=True):
-            in_zero_fill.bind(var.var, value)
-        past_bound = tirx.likely(in_zero_fill.simplify(bound.a >= bound.b))
-        sch.annotate(sch.get_loops(zero)[depth], task_scratch.PADDING_FILL, 1)  # the fill's first loop
-    set_predicate(sch, sch.get_loops(zero)[-1], past_bound)
+    set_predicate(sch, sch.get_loops(zero)[-1], tirx.const(False, "bool"))
 
 
 def conjunction_terms(condition) -> list:
