@@ -23,25 +23,29 @@ def _alias(tile: tirx.Buffer, name: str) -> tir_stmt.DeclBuffer:
     return tir_stmt.DeclBuffer(view, data=tirx.call_intrin("handle", BUFFER_DATA, tile))
 
 
-def _partitions(first_stored: int) -> tuple[tir_stmt.Stmt, tirx.Buffer]:
-    """A 4-element stack tile, and a second partition whose alias of it starts by zeroing its
-    first `first_stored` elements, then reads it and writes it out."""
-    tile = tirx.decl_buffer((4,), "float32", "acc")
+def _partition(tile: tirx.Buffer, name: str, first_stored: int) -> tir_stmt.Stmt:
+    """A partition whose view of `tile` starts by zeroing its first `first_stored` elements, then
+    reads it and writes it out."""
     out = tirx.decl_buffer((4,), "float32", "out")
-    alias = _alias(tile, "acc_1")
+    alias = _alias(tile, name)
     view = alias.buffer
     i = tirx.Var("i", "int64")
-    second = tir_stmt.SeqStmt([
+    return tir_stmt.SeqStmt([
         alias,
         tir_stmt.BufferStore(view, tirx.Broadcast(tirx.const(0, "float32"), first_stored),
                              [tirx.Ramp(tirx.const(0, "int64"), tirx.const(1, "int64"), first_stored)]),
         tir_stmt.For(i, tirx.const(0, "int64"), tirx.Var("n", "int64"), tir_stmt.ForKind.SERIAL,
                      tir_stmt.BufferStore(out, view[i] + tirx.const(1, "float32"), [i])),
     ])
+
+
+def _partitions(*first_stored: int) -> tuple[tir_stmt.Stmt, tirx.Buffer]:
+    """A 4-element stack tile, zeroed whole, and a partition per entry of `first_stored` (see _partition)."""
+    tile = tirx.decl_buffer((4,), "float32", "acc")
     body = tir_stmt.SeqStmt([tir_stmt.AllocBuffer(tile),
                              tir_stmt.BufferStore(tile, tirx.Broadcast(tirx.const(0, "float32"), 4),
                                                   [tirx.Ramp(tirx.const(0, "int64"), tirx.const(1, "int64"), 4)]),
-                             second])
+                             *(_partition(tile, f"acc_{n + 1}", stored) for n, stored in enumerate(first_stored))])
     return body, tile
 
 
@@ -71,6 +75,14 @@ def test_a_partition_reading_what_another_left_keeps_the_shared_tile():
     body, _ = _partitions(2)  # half written first
     kept = register_tiles.private_register_tiles(body)
     assert len(_declared_aliases(kept)) == 1
+    assert _allocated(kept) == ["acc"]
+
+
+def test_one_partition_reading_what_another_left_keeps_every_copy_shared():
+    """The first partition's writes must stay where the second reads them."""
+    body, _ = _partitions(4, 2)
+    kept = register_tiles.private_register_tiles(body)
+    assert len(_declared_aliases(kept)) == 2
     assert _allocated(kept) == ["acc"]
 
 

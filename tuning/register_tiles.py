@@ -14,10 +14,12 @@ builds' time (`m4_n16_k32_t1_ko_b`, T = 100-119, one thread; a static build
 at those T has no variable trip counts). With its own copy, the full tiles'
 accumulator lives in registers; a remainder's copy stays in memory, as it did.
 
-A copy is private only where sharing carries nothing: the partition writes
-the whole tile (constant indices, before any read) right where it declares
-it, as a register tile's zero-init does. A tile whose contents could outlive
-one partition is left shared.
+Copies are private only where sharing carries nothing: every partition's
+view of the tile is written whole (constant indices, before any read) right
+where it is declared, as a register tile's zero-init does, so none reads what
+another left. (The partition holding the allocation itself is a copy of the
+same loop body.) A tile whose contents could outlive one partition stays
+shared.
 """
 
 import functools
@@ -78,12 +80,22 @@ def _written_whole_first(buffer: tirx.Buffer, following: list[tir_stmt.Stmt]) ->
     return not missing
 
 
+def _owns_its_copies(tile: tirx.Buffer, body: tir_stmt.Stmt) -> bool:
+    """Whether every view of `tile` declared in `body` is written whole before it is read, so no
+    partition reads what another left: only then may each have its own copy."""
+    sequences = []
+    tvm_ffi.structural_walk(body, (tir_stmt.SeqStmt, sequences.append))
+    return all(_written_whole_first(child.buffer, list(sequence.seq)[position + 1:])
+               for sequence in sequences for position, child in enumerate(sequence.seq)
+               if _aliased_tile(child, [tile]))
+
+
 def _private_copies(stmt: tir_stmt.Stmt, tiles: list[tirx.Buffer]) -> tir_stmt.Stmt:
-    """The statement with every qualifying alias of a stack tile turned into a tile of its own."""
+    """The statement with every alias of the stack tiles `tiles` turned into a tile of its own."""
     if isinstance(stmt, tir_stmt.SeqStmt):
         children = [_private_copies(child, tiles) for child in stmt.seq]
         for position, child in enumerate(children):
-            if _aliased_tile(child, tiles) and _written_whole_first(child.buffer, children[position + 1:]):
+            if _aliased_tile(child, tiles):
                 alias = child.buffer
                 own = tirx.decl_buffer(alias.shape, alias.dtype, alias.name, scope="global")
                 rename = lambda buffer, alias=alias, own=own: own if buffer.same_as(alias) else buffer  # noqa: E731
@@ -105,7 +117,8 @@ def _private_copies(stmt: tir_stmt.Stmt, tiles: list[tirx.Buffer]) -> tir_stmt.S
 def private_register_tiles(body: tir_stmt.Stmt) -> tir_stmt.Stmt:
     allocations = []
     tvm_ffi.structural_walk(body, (tir_stmt.AllocBuffer, allocations.append))
-    tiles = [allocation.buffer for allocation in allocations if _on_stack(allocation.buffer)]
+    tiles = [allocation.buffer for allocation in allocations
+             if _on_stack(allocation.buffer) and _owns_its_copies(allocation.buffer, body)]
     return _private_copies(body, tiles) if tiles else body
 
 
