@@ -35,5 +35,3 @@ def assert_computes_the_product(executable, workload: Workload, kernel: MicroKer
         executable["main"](*arguments)
         np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
                                    rtol=1e-5, atol=1e-5, err_msg=f"T={t}")
-
-

@@ -90,28 +90,18 @@ def _owns_its_copies(tile: tirx.Buffer, body: tir_stmt.Stmt) -> bool:
                if _aliased_tile(child, [tile]))
 
 
-def _private_copies(stmt: tir_stmt.Stmt, tiles: list[tirx.Buffer]) -> tir_stmt.Stmt:
-    """The statement with every alias of the stack tiles `tiles` turned into a tile of its own."""
-    if isinstance(stmt, tir_stmt.SeqStmt):
-        children = [_private_copies(child, tiles) for child in stmt.seq]
-        for position, child in enumerate(children):
-            if _aliased_tile(child, tiles):
-                alias = child.buffer
-                own = tirx.decl_buffer(alias.shape, alias.dtype, alias.name, scope="global")
-                rename = lambda buffer, alias=alias, own=own: own if buffer.same_as(alias) else buffer  # noqa: E731
-                children[position] = tir_stmt.AllocBuffer(own)
-                children[position + 1:] = [tvm_ffi.structural_map(later, (tirx.Buffer, rename))
-                                           for later in children[position + 1:]]
-        return tir_stmt.SeqStmt(children)
-    if isinstance(stmt, tir_stmt.For):
-        return tir_stmt.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, _private_copies(stmt.body, tiles),
-                            stmt.thread_binding, stmt.annotations, stmt.step)
-    if isinstance(stmt, tir_stmt.IfThenElse):
-        return tir_stmt.IfThenElse(stmt.condition, _private_copies(stmt.then_case, tiles),
-                                   None if stmt.else_case is None else _private_copies(stmt.else_case, tiles))
-    if isinstance(stmt, tir_stmt.AttrStmt):
-        return tir_stmt.AttrStmt(stmt.node, stmt.attr_key, stmt.value, _private_copies(stmt.body, tiles))
-    return stmt
+def _private_copies(sequence: tir_stmt.SeqStmt, tiles: list[tirx.Buffer]) -> tir_stmt.SeqStmt:
+    """The sequence with each view of the stack tiles `tiles` it declares turned into a tile of its own."""
+    children = list(sequence.seq)
+    for position, child in enumerate(children):
+        if _aliased_tile(child, tiles):
+            alias = child.buffer
+            own = tirx.decl_buffer(alias.shape, alias.dtype, alias.name, scope="global")
+            rename = lambda buffer, alias=alias, own=own: own if buffer.same_as(alias) else buffer  # noqa: E731
+            children[position] = tir_stmt.AllocBuffer(own)
+            children[position + 1:] = [tvm_ffi.structural_map(later, (tirx.Buffer, rename))
+                                       for later in children[position + 1:]]
+    return tir_stmt.SeqStmt(children)
 
 
 def private_register_tiles(body: tir_stmt.Stmt) -> tir_stmt.Stmt:
@@ -119,7 +109,9 @@ def private_register_tiles(body: tir_stmt.Stmt) -> tir_stmt.Stmt:
     tvm_ffi.structural_walk(body, (tir_stmt.AllocBuffer, allocations.append))
     tiles = [allocation.buffer for allocation in allocations
              if _on_stack(allocation.buffer) and _owns_its_copies(allocation.buffer, body)]
-    return _private_copies(body, tiles) if tiles else body
+    if not tiles:
+        return body
+    return tvm_ffi.structural_map(body, (tir_stmt.SeqStmt, lambda sequence: _private_copies(sequence, tiles)))
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.PrivateRegisterTiles")

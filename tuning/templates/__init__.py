@@ -37,7 +37,6 @@ from tvm.sym import Analyzer
 from tvm.sym.analyzer import ProofStrength
 
 
-
 def for_workload(workload):
     """The template module of the workload's kind."""
     return _template(workload.kind)

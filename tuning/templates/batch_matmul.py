@@ -92,7 +92,7 @@ def prim_func(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | No
 def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | None = None) -> tvm.IRModule:
     sch = s_tir.Schedule(tvm.IRModule({"main": prim_func(workload, kernel, dims)}))
     block = sch.get_sblock(COMPUTE_BLOCK)
-    # Columns pad to whole tasks, so no task's loops need a bound. K is not padded (see split_reduction).
+    # Columns pad to whole tasks, so no task's loops need a bound. K is not padded (partition_the_reduction).
     sch.pad_einsum(block, [1, 1, kernel.tile_m, kernel.tile_n * kernel.task_n, 1])
     copy_out = optional_block(sch, f"{COMPUTE_BLOCK}_pad")
     if copy_out is not None:
