@@ -7,6 +7,7 @@ sequence length (and batch) stay dynamic in the exported signature.
 """
 
 import dataclasses
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -64,20 +65,33 @@ def build(config: EncoderConfig, seed: int = 0) -> keras.Model:
 def median_seconds(calls: dict[str, Callable[[], object]], repeats: int = 41,
                    budget_seconds: float | None = None,
                    check: Callable[[dict[str, object]], None] | None = None) -> dict[str, float]:
-    """Median seconds of each call, the calls interleaved so drift on a noisy machine hits all alike.
+    """Median seconds of each call, the calls interleaved so drift on a noisy machine hits all alike."""
+    samples = interleaved_seconds(calls, repeats, budget_seconds, check)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def interleaved_seconds(calls: dict[str, Callable[[], object]], repeats: int = 41,
+                        budget_seconds: float | None = None,
+                        check: Callable[[dict[str, object]], None] | None = None,
+                        shuffle: random.Random | None = None) -> dict[str, list[float]]:
+    """Seconds of each call per round, every round calling each once (in a fresh order with `shuffle`).
 
     With a budget, fewer repeats (at least 3) when the first timed round takes
     long (sized after the warm-up, which may compile: XLA's first call at a
     shape). `check` gets the warm-up round's outputs by name, so checking
     results costs no call of its own (a BERT-base call at batch 16 takes
-    seconds here).
+    seconds here). Round i of every call lists at index i, so ratios can be
+    paired by round.
     """
     samples = {name: [] for name in calls}
 
     def timed_round() -> float:
-        for name, call in calls.items():
+        names = list(calls)
+        if shuffle is not None:
+            shuffle.shuffle(names)
+        for name in names:
             start = time.perf_counter()
-            call()
+            calls[name]()
             samples[name].append(time.perf_counter() - start)
         return sum(values[-1] for values in samples.values())
 
@@ -89,4 +103,4 @@ def median_seconds(calls: dict[str, Callable[[], object]], repeats: int = 41,
         repeats = max(3, min(repeats, int(budget_seconds / max(first_round, 1e-6))))
     for _ in range(repeats - 1):
         timed_round()
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
