@@ -45,11 +45,20 @@ def wall_seconds(run, iterations: int) -> float:
 def seconds_per_call(compute: Callable[..., tf.Tensor], inputs: Sequence[tf.Tensor],
                      repeats: int = 5, target_seconds: float = 0.05, jit_compile: bool = False) -> float:
     """Median seconds of one `compute(*inputs)`, measured in-graph."""
+    return timer(compute, inputs, target_seconds, jit_compile)(repeats)
+
+
+def timer(compute: Callable[..., tf.Tensor], inputs: Sequence[tf.Tensor], target_seconds: float = 0.05,
+          jit_compile: bool = False) -> Callable[[int], float]:
+    """A timing of `compute(*inputs)` to run again and again (traced, warmed up and sized once):
+    repeats -> median seconds of one call, measured in-graph."""
     run = looped(compute, inputs, jit_compile)
     wall_seconds(run, 2)  # trace and warm up
     estimate = max(wall_seconds(run, 3) - wall_seconds(run, 0), 1e-6) / 3
     iterations = int(min(max(target_seconds / estimate, 1), 2000))  # a call past the target: one per sample
-    samples = []
-    for _ in range(repeats):
-        samples.append((wall_seconds(run, iterations) - wall_seconds(run, 0)) / iterations)
-    return max(statistics.median(samples), 0.0)
+
+    def median_seconds(repeats: int) -> float:
+        samples = [(wall_seconds(run, iterations) - wall_seconds(run, 0)) / iterations for _ in range(repeats)]
+        return max(statistics.median(samples), 0.0)
+
+    return median_seconds

@@ -6,7 +6,8 @@ called directly: the cost of going through TF, dispatch included.
 Uses the bundle `python -m bench.tuned_kernels` writes (its workloads in the
 cases of bench.tuned_kernels.CASES it holds). At each T, times the op in-graph
 (bench.in_graph_timing) and the kernel the bundle's tree picks for that shape
-through TVM's time_evaluator (no Python, no TF), both on --threads threads.
+through TVM's time_evaluator (no Python, no TF), both on --threads threads, in
+ROUNDS paired rounds: the ratios and overheads are medians of each round's.
 The in-graph loop has a cost of its own (the loop step and an identity per
 input), measured with one IdentityN of the inputs in place of the op; the
 op's overhead is op - kernel - that loop cost.
@@ -22,6 +23,7 @@ in_op_dispatch_threads<N>.csv.
 import ctypes
 import os
 import pathlib
+import time
 
 os.environ.setdefault("TVM_BIND_THREADS", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -32,12 +34,14 @@ import tvm  # noqa: E402
 
 from bench import cli, in_graph_timing, report  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
-from bench.tuned_kernels import CASES, read_bundle_manifest, tvm_seconds  # noqa: E402
+from bench.tuned_kernels import CASES, TVM_POOL_SETTLE_SECONDS, read_bundle_manifest, tvm_seconds  # noqa: E402
 from tf_dietcode import ops  # noqa: E402
 from tf_dietcode.tuning import bundle, templates  # noqa: E402
 from tf_dietcode.tuning.micro_kernel import MicroKernel  # noqa: E402
 from tf_dietcode.tuning.templates import dense  # noqa: E402
 from tf_dietcode.tuning.workload import DIMS, Workload  # noqa: E402
+
+ROUNDS = 5  # op and kernel timed in turn, so the VM's drift (tens of % within minutes) hits both
 
 
 def op_call(workload: Workload, entry: dict, path: str, operands: dict[str, np.ndarray]):
@@ -50,6 +54,15 @@ def op_call(workload: Workload, entry: dict, path: str, operands: dict[str, np.n
     inputs = [tf.constant(operands["x"]), tf.constant(operands["y"])]
     return (lambda x, y: ops.fused_batch_matmul_transpose(x, y, [0, 1, 2, 3], adj_y=workload.transpose_b,
                                                           alpha=operands["alpha"], bundle=path)), inputs
+
+
+def paired_round(op_timer, kernel_call: tuple) -> tuple[float, float]:
+    """One round: the op in-graph, then its kernel called directly, then a pause for TVM's pool
+    threads, which spin a while after a kernel, to go to sleep before TF's threads run again."""
+    op_seconds = op_timer(3)
+    [kernel_seconds] = tvm_seconds(kernel_call)
+    time.sleep(TVM_POOL_SETTLE_SECONDS)
+    return op_seconds, kernel_seconds
 
 
 def main(argv=None):
@@ -77,26 +90,24 @@ def main(argv=None):
             kernel_entry = entry["kernels"][dispatch(*(dims[d] for d in DIMS))]
             jobs.append((name, t, workload, entry, kernel_entry,
                          templates.for_workload(workload).random_operands(workload, dims, rng)))
-    # Every op first: TVM's own pool (used by time_evaluator) keeps its threads
-    # spinning for a while after each run, which would slow TF's threads down.
-    op_times = []
-    for name, t, workload, entry, _, operands in jobs:
-        compute, inputs = op_call(workload, entry, path, operands)
-        op_times.append((in_graph_timing.seconds_per_call(compute, inputs, repeats=9),
-                         in_graph_timing.seconds_per_call(lambda *xs: tf.identity_n(xs)[0], inputs, repeats=9)))
     rows = []
-    for (name, t, workload, entry, kernel_entry, operands), (op_seconds, loop_seconds) in zip(jobs, op_times):
+    for name, t, workload, entry, kernel_entry, operands in jobs:
+        compute, inputs = op_call(workload, entry, path, operands)
+        op_timer = in_graph_timing.timer(compute, inputs)
+        loop_seconds = in_graph_timing.seconds_per_call(lambda *xs: tf.identity_n(xs)[0], inputs, repeats=9)
         kernel = MicroKernel(**kernel_entry["params"])
-        [kernel_seconds] = tvm_seconds((module, kernel_entry["symbol"],
-                                        templates.for_workload(workload).kernel_arguments(operands, workload, kernel)))
-        overhead = op_seconds - loop_seconds - kernel_seconds
+        kernel_call = (module, kernel_entry["symbol"],
+                       templates.for_workload(workload).kernel_arguments(operands, workload, kernel))
+        op_seconds, kernel_seconds = np.array([paired_round(op_timer, kernel_call) for _ in range(ROUNDS)]).T
+        overhead = float(np.median(op_seconds - loop_seconds - kernel_seconds))
+        ratio = float(np.median((op_seconds - loop_seconds) / kernel_seconds))
         rows.append({"workload": name, "T": t, "threads": args.threads, "kernel": kernel_entry["name"],
-                     "op_us": op_seconds * 1e6, "loop_us": loop_seconds * 1e6,
-                     "kernel_us": kernel_seconds * 1e6, "overhead_us": overhead * 1e6,
-                     "op_over_kernel": (op_seconds - loop_seconds) / kernel_seconds})
-        print(f"{name:34s} T={t:4d} {kernel_entry['name']:>20s} op {op_seconds * 1e6:9.1f} us  "
-              f"loop {loop_seconds * 1e6:5.1f} us  kernel {kernel_seconds * 1e6:9.1f} us  "
-              f"overhead {overhead * 1e6:7.1f} us  (op - loop) / kernel {rows[-1]['op_over_kernel']:.3f}")
+                     "op_us": float(np.median(op_seconds)) * 1e6, "loop_us": loop_seconds * 1e6,
+                     "kernel_us": float(np.median(kernel_seconds)) * 1e6, "overhead_us": overhead * 1e6,
+                     "op_over_kernel": ratio, "rounds": ROUNDS})
+        print(f"{name:34s} T={t:4d} {kernel_entry['name']:>20s} op {rows[-1]['op_us']:9.1f} us  "
+              f"loop {loop_seconds * 1e6:5.1f} us  kernel {rows[-1]['kernel_us']:9.1f} us  "
+              f"overhead {overhead * 1e6:7.1f} us  (op - loop) / kernel {ratio:.3f}", flush=True)
     stats = ops.bundle_stats(path)
     if stats["generic_calls"]:
         raise SystemExit(f"{stats['generic_calls']} op calls ran the generic kernel: the bundle did not cover them")
