@@ -23,7 +23,6 @@ in_op_dispatch_threads<N>.csv.
 import ctypes
 import os
 import pathlib
-import time
 
 os.environ.setdefault("TVM_BIND_THREADS", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -34,7 +33,7 @@ import tvm  # noqa: E402
 
 from bench import cli, in_graph_timing, report  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
-from bench.tuned_kernels import CASES, TVM_POOL_SETTLE_SECONDS, read_bundle_manifest, tvm_seconds  # noqa: E402
+from bench.tuned_kernels import CASES, read_bundle_manifest, tvm_seconds  # noqa: E402
 from tf_dietcode import ops  # noqa: E402
 from tf_dietcode.tuning import bundle, templates  # noqa: E402
 from tf_dietcode.tuning.micro_kernel import MicroKernel  # noqa: E402
@@ -56,12 +55,18 @@ def op_call(workload: Workload, entry: dict, path: str, operands: dict[str, np.n
                                                           alpha=operands["alpha"], bundle=path)), inputs
 
 
-def paired_round(op_timer, kernel_call: tuple) -> tuple[float, float]:
-    """One round: the op in-graph, then its kernel called directly, then a pause for TVM's pool
-    threads, which spin a while after a kernel, to go to sleep before TF's threads run again."""
+def paired_round(op_timer, kernel_call: tuple, kernel_first: bool) -> tuple[float, float]:
+    """One round: the op in-graph and its kernel called directly, back to back, in the given order.
+
+    No pause between them: an op timed after a pause of 1 s ran 1.1-1.8x its time alone (the
+    VM idles its cores), and one timed right after its kernel matched it, TVM's pool threads
+    spinning too briefly to matter. Rounds alternate the order, so what one position costs
+    falls on both alike."""
+    if kernel_first:
+        [kernel_seconds] = tvm_seconds(kernel_call)
+        return op_timer(3), kernel_seconds
     op_seconds = op_timer(3)
     [kernel_seconds] = tvm_seconds(kernel_call)
-    time.sleep(TVM_POOL_SETTLE_SECONDS)
     return op_seconds, kernel_seconds
 
 
@@ -98,7 +103,7 @@ def main(argv=None):
         kernel = MicroKernel(**kernel_entry["params"])
         kernel_call = (module, kernel_entry["symbol"],
                        templates.for_workload(workload).kernel_arguments(operands, workload, kernel))
-        op_seconds, kernel_seconds = np.array([paired_round(op_timer, kernel_call) for _ in range(ROUNDS)]).T
+        op_seconds, kernel_seconds = np.array([paired_round(op_timer, kernel_call, i % 2 == 1) for i in range(ROUNDS)]).T
         overhead = float(np.median(op_seconds - loop_seconds - kernel_seconds))
         ratio = float(np.median((op_seconds - loop_seconds) / kernel_seconds))
         rows.append({"workload": name, "T": t, "threads": args.threads, "kernel": kernel_entry["name"],
