@@ -38,7 +38,7 @@ def test_optimize_a_saved_model(tmp_path, capsys):
                  "--shape_range", "x=1:2,1:10,16", "--signature_def", "serving_default", "--trials", "3", "--quick"]
     assert cli.main(arguments) == 0
     summary = capsys.readouterr().out
-    assert "dense (tensordot): 2 / 2" in summary and "0 GEMMs sharing an input merged into 0" in summary
+    assert "dense (tensordot): 2 / 2" in summary and "horizontal fusion: off" in summary
     x = np.ones((2, 7, 16), np.float32)
     np.testing.assert_allclose(tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"](x=x)["output_0"],
                                tf.saved_model.load(str(tmp_path / "in")).signatures["serving_default"](x=x)["output_0"],

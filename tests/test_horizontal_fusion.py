@@ -51,6 +51,7 @@ def test_layers_sharing_an_input_are_merged_per_activation(models):
     assert ("none", 12 + 3 * 16, 16, True) in dense  # c, and Q, K, V with 2 heads x 8
     assert ("tanh", 4, 16, True) in dense
     assert "horizontal fusion: 12 GEMMs sharing an input merged into 4" in fused.summary()
+    assert "horizontal fusion: off" in unfused.summary()
 
 
 def test_outputs_equal_with_and_without_fusion_every_signature(models, rng):

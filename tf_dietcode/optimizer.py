@@ -40,6 +40,7 @@ class Report:
     left_alone: list[dense_patterns.LeftAlone]
     workloads: list[Workload]
     merged: tuple[int, int] = (0, 0)                      # GEMMs merged by horizontal fusion, into how many
+    horizontal_fusion: bool = False                       # whether the pass ran
     dims: dict[Workload, str] = dataclasses.field(default_factory=dict)  # its dims as the graph computes them
     output_dir: str | None = None
     warmup_requests: int = 0                              # in assets.extra/, for TF Serving
@@ -54,7 +55,9 @@ class Report:
         lines += [f"  {form if form.startswith('attention') else f'dense ({form})'}: {count} / {self.fused[form]}"
                   for form, count in sorted(self.found.items())]
         lines += [f"  left alone: {p.form} {p.node}: {p.reason}" for p in self.left_alone]
-        lines.append("horizontal fusion: {} GEMMs sharing an input merged into {}".format(*self.merged))
+        lines.append("horizontal fusion: {} GEMMs sharing an input merged into {}".format(*self.merged)
+                     if self.horizontal_fusion else "horizontal fusion: off (horizontal_fusion=True or --horizontal_fusion merges "
+                     "dense layers that read the same input)")
         lines.append(f"workloads tuned: {len(self.workloads)}")
         lines += [f"  {w.describe()}" + (f" ({self.dims[w]})" if w in self.dims else "") for w in self.workloads]
         if self.output_dir:
@@ -153,7 +156,8 @@ class Converter:
         self._variables = variables
         groups = [g for layers in self.dense_layers.values() for g in layers if len(g.members) > 1]
         self.report = Report(keys, self.ranges, notes, found, collections.Counter(), left, [],
-                             merged=(sum(len(g.members) for g in groups), len(groups)))
+                             merged=(sum(len(g.members) for g in groups), len(groups)),
+                             horizontal_fusion=self.horizontal_fusion)
         self._converted = True
         return self
 
