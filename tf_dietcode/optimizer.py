@@ -56,8 +56,8 @@ class Report:
                   for form, count in sorted(self.found.items())]
         lines += [f"  left alone: {p.form} {p.node}: {p.reason}" for p in self.left_alone]
         lines.append("horizontal fusion: {} GEMMs sharing an input merged into {}".format(*self.merged)
-                     if self.horizontal_fusion else "horizontal fusion: off (horizontal_fusion=True or --horizontal_fusion merges "
-                     "dense layers that read the same input)")
+                     if self.horizontal_fusion else "horizontal fusion: off (horizontal_fusion=True or "
+                     "--horizontal_fusion merges dense layers that read the same input)")
         lines.append(f"workloads tuned: {len(self.workloads)}")
         lines += [f"  {w.describe()}" + (f" ({self.dims[w]})" if w in self.dims else "") for w in self.workloads]
         if self.output_dir:
