@@ -49,6 +49,11 @@ def token_ids(batch: int, t: int) -> np.ndarray:
     return np.random.default_rng(batch * 1000 + t).integers(0, MODEL.vocabulary, (batch, t)).astype(np.int32)
 
 
+def output_call(signature):
+    """token ids (numpy) -> the encoder's output (numpy), through a SavedModel signature."""
+    return lambda ids: signature(input_ids=tf.constant(ids))["output_0"].numpy()
+
+
 def agree_with_tensorflow(outputs: dict[str, np.ndarray]) -> None:
     """Every peer's output against the original's on stock TF."""
     for peer, tolerance in TOLERANCE.items():
@@ -119,8 +124,7 @@ def main(argv=None):
               for peer, path in [("tensorflow", original), *((p, path) for p, path, _ in variants)]}
     signatures = {peer: model.signatures["serving_default"] for peer, model in models.items()}
     xla = tf.function(lambda ids: signatures["tensorflow"](input_ids=ids)["output_0"], jit_compile=True)
-    peers = {peer: (lambda ids, f=f: f(input_ids=tf.constant(ids))["output_0"].numpy())
-             for peer, f in signatures.items()}
+    peers = {peer: output_call(signature) for peer, signature in signatures.items()}
     peers |= {"xla": lambda ids: xla(tf.constant(ids)).numpy(),
               "onnxruntime": onnx_session(original, args.out / "original.onnx")}
     rows = []
