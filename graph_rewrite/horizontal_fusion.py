@@ -3,7 +3,9 @@
 In a Transformer the query, key and value projections read the same hidden
 states; with their weights concatenated, [M, K] x [K, 3N] is one product
 whose bigger N keeps every core busy at small M, and one call replaces
-three. The product is split back into each layer's output afterwards.
+three. The product is written group-major, [layers, M, N] (the op's `groups`),
+so TF splits it back into each layer's output without copying. Only layers of
+the same width are merged (each group must be one block of the output).
 
 Every dense layer the rewriter emits is a DenseGroup: a lone layer is a group
 of one, so one replacement serves both.
@@ -39,6 +41,11 @@ class DenseGroup(WeightDims):
         return self.members[0].x if self.shares_x else self.members[0].source
 
     @property
+    def groups(self) -> int:
+        """Layers side by side in the weight: the op's and the workload's `groups`."""
+        return len(self.members)
+
+    @property
     def contracted(self) -> int:
         return self.members[0].contracted
 
@@ -60,10 +67,10 @@ class DenseGroup(WeightDims):
 
 def group(matches: list[DenseMatch], fuse: bool = True) -> list[DenseGroup]:
     """The layers as groups, in the matches' order: with `fuse`, layers with the same input,
-    contracted dims and activation share one group; without, each is its own."""
+    contracted dims, width and activation share one group; without, each is its own."""
     if not fuse:
         return [DenseGroup((m,)) for m in matches]
     groups = collections.defaultdict(list)
     for match in matches:
-        groups[(match.source, match.contracted, match.activation)].append(match)
+        groups[(match.source, match.contracted, match.n, match.activation)].append(match)
     return [DenseGroup(tuple(members)) for members in groups.values()]

@@ -36,8 +36,9 @@ def _bias_vector(member: DenseMatch, i: int) -> tf.Tensor:
 
 def dense_replacement(group: DenseGroup, packed_n: int) -> tf.compat.v1.GraphDef:
     """act(x @ W + b) over x's trailing dims for a group of layers, W their weights side by side,
-    pre-packed (packed_n = N) or as stored ([K, N], packed_n = 0), split back into each member's
-    output "out_<i>". Placeholders x, packed (W's variable), bias_<i>, out_shape_<i> and bundle."""
+    pre-packed (packed_n = N) or as stored ([K, N], packed_n = 0), written group-major and unstacked
+    (no copy) into each member's output "out_<i>". Placeholders x, packed (W's variable), bias_<i>,
+    out_shape_<i> and bundle."""
     def build():
         x = tf.compat.v1.placeholder(tf.float32, name="x")
         packed = tf.raw_ops.ReadVariableOp(resource=tf.compat.v1.placeholder(tf.resource, name="packed"),
@@ -52,10 +53,10 @@ def dense_replacement(group: DenseGroup, packed_n: int) -> tf.compat.v1.GraphDef
         operand, num_k_dims = (x, group.contracted) if group.shares_x else (tf.reshape(x, [-1, group.k]), 1)
         product = ops.fused_matmul(operand, packed, bias, activation=group.activation, packed_n=packed_n,
                                    num_k_dims=num_k_dims, n_dims=first.out_dims if whole else (),
-                                   bundle=bundle, name="out_0" if whole else None)
+                                   groups=group.groups, bundle=bundle, name="out_0" if whole else None)
         if whole:
             return
-        pieces = tf.split(product, [m.n for m in group.members], axis=-1) if len(group.members) > 1 else [product]
+        pieces = tf.unstack(product, num=group.groups, axis=0) if group.groups > 1 else [product]
         for i, (member, piece) in enumerate(zip(group.members, pieces)):
             if member.out_shape is not None:
                 shape = tf.compat.v1.placeholder(tf.int32, name=f"out_shape_{i}")

@@ -239,10 +239,55 @@ Status ColumnDimsProduct(const std::vector<int64_t>& n_dims, int64_t* product) {
   return Status();
 }
 
+Status ValidateGroups(int64_t groups, const Dims& n_dims) {
+  if (groups < 1) return InvalidArgument("groups must be >= 1, got ", groups);
+  if (groups > 1 && !n_dims.empty()) {
+    return InvalidArgument("n_dims must be empty when groups > 1, got ",
+                           Show(n_dims));
+  }
+  return Status();
+}
+
+namespace {
+
+// The planned [M, N] product as `groups` products of N / groups columns, one
+// per layer side by side in b, all reading the same a, written group-major
+// into [groups, rows..., N / groups].
+Status SplitIntoGroups(int64_t groups, Dims out_dims, ContractionPlan* plan) {
+  if (plan->n % groups != 0) {
+    return InvalidArgument("groups=", groups, " must divide N=", plan->n);
+  }
+  const int64_t group_n = plan->n / groups;
+  if (plan->b_block_cols > 0 && group_n % plan->b_block_cols != 0) {
+    return InvalidArgument("packed b's blocks of ", plan->b_block_cols,
+                           " columns straddle its groups of ", group_n);
+  }
+  out_dims.back() = group_n;
+  out_dims.insert(out_dims.begin(), groups);
+  TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(out_dims, &plan->out_shape));
+  plan->n = group_n;
+  if (plan->out_shape.num_elements() == 0) return Status();
+  plan->batch_dims = {groups};
+  plan->batch_count = groups;
+  plan->a_batch_strides = {0};
+  plan->b_batch_strides = {
+      plan->b_block_cols > 0
+          ? group_n / plan->b_block_cols * plan->b_block_stride
+          : group_n * (plan->transpose_b ? plan->ldb : 1)};
+  plan->out_batch_strides = {plan->m * group_n};
+  plan->out_row_stride = group_n;
+  plan->addend_batch_strides = {plan->has_addend ? group_n : 0};
+  return Status();
+}
+
+}  // namespace
+
 Status PlanMatMul(const TensorShape& a, const TensorShape& b,
                   const TensorShape* bias, bool transpose_a, bool transpose_b,
                   int64_t packed_n, int num_k_dims, const Dims& n_dims,
-                  Activation activation, ContractionPlan* plan) {
+                  int64_t groups, Activation activation,
+                  ContractionPlan* plan) {
+  TF_RETURN_IF_ERROR(ValidateGroups(groups, n_dims));
   const bool packed = packed_n > 0;
   const int rows_rank = a.dims() - num_k_dims;
   if ((transpose_a ? a.dims() != 2 || num_k_dims != 1 : rows_rank < 0) ||
@@ -305,6 +350,7 @@ Status PlanMatMul(const TensorShape& a, const TensorShape& b,
   // The [M, N] product is dense and row-major, so it is the output as is.
   const Dims& columns = n_dims.empty() ? Dims{n} : n_dims;
   rows.insert(rows.end(), columns.begin(), columns.end());
+  if (groups > 1) return SplitIntoGroups(groups, rows, plan);
   return TensorShape::BuildTensorShape(rows, &plan->out_shape);
 }
 

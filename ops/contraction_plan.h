@@ -66,14 +66,21 @@ struct ContractionPlan {
 // their product; or [K, M] with transpose_a), b[K, N] (or [N, K]), optional
 // bias[N]; the output is [..., N], or [..., n_dims] when n_dims is not empty.
 // packed_n > 0: b is pre-packed [NB, K, tile_n] holding N = packed_n columns
-// (then transpose_b must be false).
+// (then transpose_b must be false). groups > 1: b holds that many layers side
+// by side, and the plan is a batch of one product per layer (a broadcast),
+// written group-major: [groups, ..., N / groups].
 tensorflow::Status PlanMatMul(const tensorflow::TensorShape& a,
                               const tensorflow::TensorShape& b,
                               const tensorflow::TensorShape* bias,
                               bool transpose_a, bool transpose_b,
                               int64_t packed_n, int num_k_dims,
                               const std::vector<int64_t>& n_dims,
-                              Activation activation, ContractionPlan* plan);
+                              int64_t groups, Activation activation,
+                              ContractionPlan* plan);
+
+// Checks the `groups` attr: at least 1, and n_dims empty when above 1.
+tensorflow::Status ValidateGroups(int64_t groups,
+                                  const std::vector<int64_t>& n_dims);
 
 // The product of the `n_dims` attr (the output's trailing dims), which must
 // be non-negative and not overflow.

@@ -71,6 +71,8 @@ class FusedMatMulOp : public FusedContractionOp {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("packed_n", &packed_n_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_k_dims", &num_k_dims_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("n_dims", &n_dims_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("groups", &groups_));
+    OP_REQUIRES_OK(ctx, ValidateGroups(groups_, n_dims_));
     activation_ = ParseActivation(activation);
   }
 
@@ -88,14 +90,15 @@ class FusedMatMulOp : public FusedContractionOp {
     TF_RETURN_IF_ERROR(PlanMatMul((*a)->shape(), (*b)->shape(),
                                   *addend ? &(*addend)->shape() : nullptr,
                                   transpose_a_, transpose_b_, packed_n_,
-                                  num_k_dims_, n_dims_, activation_, plan));
+                                  num_k_dims_, n_dims_, groups_, activation_,
+                                  plan));
     weight_pages_.Ensure(**b);
     return Status();
   }
 
  private:
   bool transpose_a_, transpose_b_;
-  int64_t packed_n_;
+  int64_t packed_n_, groups_;
   int num_k_dims_;
   std::vector<int64_t> n_dims_;
   Activation activation_;

@@ -76,10 +76,10 @@ Status InputDims(InferenceContext* c, int num_k_dims, bool transpose_a,
 }
 
 // act(a[..., K] @ b[K, N] + bias) -> [..., N], or [..., n_dims] (their
-// product N).
+// product N), or [groups, ..., N / groups].
 Status FusedMatMulShape(InferenceContext* c) {
   int num_bias, num_k_dims;
-  int64_t packed_n;
+  int64_t packed_n, groups;
   bool transpose_a, transpose_b;
   std::vector<int64_t> n_dims;
   TF_RETURN_IF_ERROR(c->GetAttr("num_bias", &num_bias));
@@ -88,6 +88,8 @@ Status FusedMatMulShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->GetAttr("transpose_b", &transpose_b));
   TF_RETURN_IF_ERROR(c->GetAttr("num_k_dims", &num_k_dims));
   TF_RETURN_IF_ERROR(c->GetAttr("n_dims", &n_dims));
+  TF_RETURN_IF_ERROR(c->GetAttr("groups", &groups));
+  TF_RETURN_IF_ERROR(ValidateGroups(groups, n_dims));
   if (num_bias > 1) {
     return tensorflow::errors::InvalidArgument(
         "DietcodeFusedMatMul takes at most one bias, got ", num_bias);
@@ -111,6 +113,12 @@ Status FusedMatMulShape(InferenceContext* c) {
     std::vector<DimensionHandle> dims;
     for (int64_t d : n_dims) dims.push_back(c->MakeDim(d));
     columns = c->MakeShape(dims);
+  }
+  if (groups > 1) {
+    DimensionHandle group_n;
+    TF_RETURN_IF_ERROR(c->Divide(n, groups, /*evenly_divisible=*/true, &group_n));
+    TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(groups), rows, &rows));
+    columns = c->Vector(group_n);
   }
   ShapeHandle out;
   TF_RETURN_IF_ERROR(c->Concatenate(rows, columns, &out));
@@ -205,6 +213,7 @@ REGISTER_OP("DietcodeFusedMatMul")
     .Attr("packed_n: int >= 0 = 0")
     .Attr("num_k_dims: int >= 1 = 1")
     .Attr("n_dims: list(int) = []")
+    .Attr("groups: int >= 1 = 1")
     .SetShapeFn(FusedMatMulShape)
     .Doc(R"doc(
 act(op(a) @ op(b) + bias): a dense layer in one op.
@@ -217,6 +226,11 @@ b: [K, N], or [N, K] with transpose_b; with packed_n > 0 a pre-packed weight
   N = packed_n columns, zero padded.
 bias: zero or one vector of shape [N].
 product: [..., N], or [..., *n_dims] when n_dims (whose product is N) is given.
+groups: > 1 for layers side by side in b (horizontal fusion): each of its
+  groups of N / groups columns is one layer, and product is group-major,
+  [groups, ..., N / groups], so that splitting it along its first axis (Split,
+  Unpack) gives each layer's output without a copy. A packed b's blocks must
+  not straddle groups; n_dims must be empty.
 bundle: scalar path of a tuned kernel bundle, "" for none.
 activation: 'gelu' is the exact (erf) form, 'gelu_tanh' the tanh approximation.
 )doc");

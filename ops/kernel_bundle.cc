@@ -147,6 +147,10 @@ std::unique_ptr<TunedWorkload> ParseWorkload(const json::Object& entry,
   workload->bias = Field<bool>(key, "bias");
   workload->activation = ActivationNamed(Field<String>(key, "activation"));
   if (workload->kind == TunedKind::kDense) {
+    if (key.count(String("groups"))) {  // keys carry groups only where > 1
+      workload->groups = Field<int64_t>(key, "groups");
+      if (workload->groups < 1) Reject("workload groups must be >= 1");
+    }
     const auto layout = Field<json::Object>(entry, "weight_layout");
     workload->packed = Field<bool>(layout, "packed");
     if (workload->packed) {
@@ -189,6 +193,7 @@ bool TunedWorkload::Computes(const TunedCall& call) const {
   if (kind == TunedKind::kBatchMatMul) {
     return !call.packed && call.transpose_b == transpose_b;
   }
+  if (call.groups != groups) return false;
   if (packed) {
     return call.packed && call.packed_blocks == packed_blocks &&
            call.packed_tile_n == packed_tile_n;

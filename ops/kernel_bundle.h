@@ -35,6 +35,7 @@ struct TunedCall {
   Activation activation = Activation::kNone;
   bool packed = false;
   int64_t packed_blocks = 0, packed_tile_n = 0;  // packed: b's layout
+  int64_t groups = 1;  // packed: layers side by side in b, output group-major
 
   // Strided: the batch as [batches, heads] and the element strides of x, y,
   // the output and the addend over (batch, head, row, column).
@@ -59,6 +60,7 @@ struct TunedWorkload {
   Activation activation = Activation::kNone;
   bool packed = false;  // dense: weight pre-packed (else read in place, [K, N])
   int64_t packed_blocks = 0, packed_tile_n = 0;
+  int64_t groups = 1;  // dense: layers side by side, output [groups, M, N / groups]
   DispatchFn dispatch = nullptr;  // -1 outside the tuned ranges
   std::vector<tvm::ffi::Function> kernels;
   std::vector<std::string> kernel_names;

@@ -42,9 +42,11 @@ bool FoldBatchStrides(const std::vector<int64_t>& batch_dims,
 }
 
 // The call as tuned workloads see it, or nothing when no workload kind
-// computes it as planned: a packed b is read as packed; otherwise rows of x,
-// and output rows, must be contiguous and the batch at most two strided dims
-// (broadcast batch dims have stride 0).
+// computes it as planned: a packed b is read as packed (its plan's batch being
+// its groups, one [M, N / groups] product each, as one dense product of all N
+// columns written group-major); otherwise rows of x, and output rows, must be
+// contiguous and the batch at most two strided dims (broadcast batch dims have
+// stride 0).
 std::optional<TunedCall> Describe(const ContractionPlan& p, const Tensor& b) {
   if (p.transpose_a) return std::nullopt;
   TunedCall call;
@@ -55,6 +57,9 @@ std::optional<TunedCall> Describe(const ContractionPlan& p, const Tensor& b) {
   call.bias = p.has_addend;
   call.activation = p.activation;
   if (p.b_block_cols > 0) {
+    call.groups = p.batch();
+    call.dims[kB] = 1;
+    call.dims[kN] = p.n * p.batch();
     call.packed = true;
     call.packed_blocks = b.dim_size(0);
     call.packed_tile_n = b.dim_size(2);
@@ -144,7 +149,13 @@ tensorflow::Status CallKernel(tensorflow::OpKernelContext* ctx,
     if (addend_data != nullptr) {
       pass(views[2].emplace(addend_data, std::initializer_list<int64_t>{n}));
     }
-    pass(views[3].emplace(out_data, std::initializer_list<int64_t>{m, n}));
+    const int64_t groups = call.groups;
+    if (groups == 1) {
+      pass(views[3].emplace(out_data, std::initializer_list<int64_t>{m, n}));
+    } else {
+      pass(views[3].emplace(
+          out_data, std::initializer_list<int64_t>{groups, m, n / groups}));
+    }
   } else {  // x, y, [addend], alpha, out: [batches, heads, rows, cols], strided
     const int64_t bs = call.batches, hs = call.heads;
     const int64_t* xs = call.x_strides;

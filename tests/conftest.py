@@ -92,8 +92,8 @@ def _compare(actual, reference_fn, inputs, attrs):
 @pytest.fixture(scope="session")
 def tuned_bundle(tmp_path_factory):
     """A quick-tuned bundle: dense (bias, relu, packed weight), batch matmul NT, NN and NT
-    with an addend, dense (gelu, weight in place). Returns the bundle's path and the
-    tuning report (its trees decide the kernels)."""
+    with an addend, dense (gelu, weight in place), three dense layers side by side (groups).
+    Returns the bundle's path and the tuning report (its trees decide the kernels)."""
     from tf_dietcode.tuning import search
     from tf_dietcode.tuning.tune import tune
     from tf_dietcode.tuning.workload import Workload
@@ -102,7 +102,8 @@ def tuned_bundle(tmp_path_factory):
                  Workload("batch_matmul", (1, 20), (1, 20), 8, b=3, ties=("m", "n")),
                  Workload("batch_matmul", (1, 16), 12, (1, 16), b=(2, 8), transpose_b=False, ties=("m", "k")),
                  Workload("batch_matmul", (1, 20), (1, 20), 8, b=6, bias=True, ties=("m", "n")),
-                 Workload("dense", (1, 40), 48, 24, activation="gelu", weight_layout="in_place")]
+                 Workload("dense", (1, 40), 48, 24, activation="gelu", weight_layout="in_place"),
+                 Workload("dense", (1, 40), 48, 24, bias=True, activation="relu", weight_layout="packed", groups=3)]
     path = tmp_path_factory.mktemp("tuned") / "bundle"
     report = tune(workloads, path, options=search.SearchOptions(trials=4, batch=4, samples=3, seed=SEED % 1000),
                   progress=False)

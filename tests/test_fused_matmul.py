@@ -168,3 +168,52 @@ def test_pre_packed_weight_shape_inference():
         return out
 
     layer.get_concrete_function()
+
+
+def grouped(product: np.ndarray, groups: int) -> np.ndarray:
+    """[..., groups * n] -> group-major [groups, ..., n]: the layout of the op's groups."""
+    return np.moveaxis(product.reshape(*product.shape[:-1], groups, product.shape[-1] // groups), -2, 0)
+
+
+@pytest.mark.parametrize("rows,k,groups,n", [((5,), 16, 3, 32), ((2, 7), 8, 2, 16), ((1,), 768, 3, 768),
+                                             ((0,), 4, 3, 16), ((3,), 0, 2, 16), ((4, 1), 5, 4, 8)])
+@pytest.mark.parametrize("layout", ["packed", "stored", "transposed"])
+def test_groups_write_each_layer_group_major(rng, rows, k, groups, n, layout):
+    """Layers side by side in b (horizontal fusion): each group of n columns is one layer and
+    the output is [groups, ..., n], through the generic kernel in every weight layout."""
+    from tf_dietcode.tuning.templates import dense
+
+    a, w, bias = (random_tensor(rng, (*rows, k)), random_tensor(rng, (groups * n, k)),
+                  random_tensor(rng, (groups * n,)))
+    b = {"packed": lambda: dense.pack_weight(w, 8, groups * n // 8 + 2),  # padded past N, as tuned kernels pack
+         "stored": lambda: np.ascontiguousarray(w.T), "transposed": lambda: w}[layout]()
+    actual = ops.fused_matmul(a, b, bias, activation="relu", groups=groups, transpose_b=layout == "transposed",
+                              packed_n=groups * n if layout == "packed" else 0)
+    assert actual.shape == (groups, *rows, n)
+    expected = grouped(reference.fused_matmul(a, w, bias, transpose_b=True, activation="relu").numpy(), groups)
+    np.testing.assert_allclose(actual.numpy(), expected, rtol=1e-5, atol=1e-5 * max(k, 1))
+    np.testing.assert_allclose(reference.fused_matmul(a, w, bias, transpose_b=True, activation="relu",
+                                                      groups=groups).numpy(), expected, rtol=1e-6, atol=1e-6)
+    for i, piece in enumerate(tf.unstack(actual)):  # what the rewriter does with it
+        np.testing.assert_array_equal(piece.numpy(), actual.numpy()[i])
+
+
+def test_groups_shape_inference():
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 24], tf.float32), tf.TensorSpec([24, 48], tf.float32)])
+    def layer(a, b):
+        out = ops.fused_matmul(a, b, groups=3)
+        assert out.shape.as_list() == [3, None, None, 16]
+        return out
+
+    layer.get_concrete_function()
+
+
+@pytest.mark.parametrize("b_shape,options,message", [
+    ((8, 30), {"groups": 4}, "must divide"),                     # 30 columns in 4 groups
+    ((5, 8, 8), {"groups": 2, "packed_n": 36}, "straddle"),      # groups of 18 columns, blocks of 8
+    ((8, 12), {"groups": 2, "n_dims": (3, 4)}, "n_dims must be empty"),
+])
+def test_groups_that_do_not_fit_are_clear_errors(rng, b_shape, options, message):
+    a = random_tensor(rng, (3, 8))
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=message):
+        ops.fused_matmul(a, random_tensor(rng, b_shape), **options)

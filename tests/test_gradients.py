@@ -26,6 +26,10 @@ CASES = {
         lambda a, b, bias: ops.fused_matmul(a, b, bias, activation="tanh", num_k_dims=2, n_dims=(2, 3)),
         lambda a, b, bias: reference.fused_matmul(a, b, bias, activation="tanh", num_k_dims=2, n_dims=(2, 3)),
         [(2, 3, 2, 2), (4, 6), (6,)]),
+    "matmul_groups": (  # two layers side by side, written group-major
+        lambda a, b, bias: ops.fused_matmul(a, b, bias, activation="tanh", groups=2),
+        lambda a, b, bias: reference.fused_matmul(a, b, bias, activation="tanh", groups=2),
+        [(2, 3, 4), (4, 6), (6,)]),
     "batch_matmul_add": (
         lambda x, y, mask: ops.fused_batch_matmul_add(x, y, mask, adj_y=True, alpha=0.5),
         lambda x, y, mask: reference.fused_batch_matmul_add(x, y, mask, adj_y=True, alpha=0.5),

@@ -1,6 +1,7 @@
-"""Horizontal fusion in optimize(): dense layers that read the same tensor run as one GEMM
-over their concatenated weights, split back per layer; outputs equal the unfused model's
-and the original's, every signature, in and outside the tuned range."""
+"""Horizontal fusion in optimize(): dense layers of one width that read the same tensor run
+as one GEMM over their concatenated weights, written group-major and unstacked per layer;
+outputs equal the unfused model's and the original's, every signature, in and outside the
+tuned range."""
 
 import keras
 import numpy as np
@@ -16,16 +17,18 @@ from conftest import TINY_TUNING_OPTIONS
 
 def shared_input_model():
     """On one hidden tensor h: Dense relu (bias) and Dense relu (no bias) -> grouped; Dense linear
-    and attention's Q/K/V einsums (linear) -> grouped across forms; Dense tanh -> alone."""
+    and attention's Q/K/V einsums (linear, 2 heads x 8) -> grouped across forms; Dense tanh and
+    a narrower Dense linear -> alone."""
     keras.utils.set_random_seed(1)
     x = keras.Input((None, 16), name="x")
     h = keras.layers.Dense(16)(x)
-    a = keras.layers.Dense(24, activation="relu")(h)
-    b = keras.layers.Dense(8, activation="relu", use_bias=False)(h)
-    c = keras.layers.Dense(12)(h)
+    a = keras.layers.Dense(16, activation="relu")(h)
+    b = keras.layers.Dense(16, activation="relu", use_bias=False)(h)
+    c = keras.layers.Dense(16)(h)
     d = keras.layers.Dense(4, activation="tanh")(h)
+    e = keras.layers.Dense(8)(h)
     attended = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)(h, h)
-    joined = keras.layers.Concatenate()([a, b, c, d, attended])
+    joined = keras.layers.Concatenate()([a, b, c, d, e, attended])
     return keras.Model(x, joined)
 
 
@@ -46,10 +49,11 @@ def test_layers_sharing_an_input_are_merged_per_activation(models):
     assert fused.found == unfused.found and fused.fused == fused.found == unfused.fused
     # per signature: {a, b} (relu) and {c, q, k, v} (linear) merge; d (tanh) and h stay alone
     assert fused.merged == (12, 4) and unfused.merged == (0, 0)
-    dense = sorted((w.activation, w.n.lo, w.k.lo, w.bias) for w in fused.workloads if w.kind == "dense")
-    assert ("relu", 32, 16, True) in dense           # 24 + 8 columns; b's missing bias is zeros
-    assert ("none", 12 + 3 * 16, 16, True) in dense  # c, and Q, K, V with 2 heads x 8
-    assert ("tanh", 4, 16, True) in dense
+    dense = sorted((w.activation, w.n.lo, w.groups, w.k.lo, w.bias) for w in fused.workloads if w.kind == "dense")
+    assert ("relu", 32, 2, 16, True) in dense  # a and b; b's missing bias is zeros
+    assert ("none", 64, 4, 16, True) in dense  # c, and Q, K, V with 2 heads x 8
+    assert ("tanh", 4, 1, 16, True) in dense
+    assert ("none", 8, 1, 16, True) in dense   # e: linear too, but narrower
     assert "horizontal fusion: 12 GEMMs sharing an input merged into 4" in fused.summary()
     assert "horizontal fusion: off" in unfused.summary()
 
@@ -80,5 +84,6 @@ def test_fused_model_runs_fewer_gemms(models):
         model.signatures["serving_default"](x=np.ones((1, 4, 16), np.float32))
         after, generic_after = tuned_calls.calls(manifest)
         calls[fuse] = sum(after.values()) - sum(before.values()) + generic_after - generic_before
-    # dense GEMMs: h, {a, b}, {c, q, k, v}, d, attention output = 5 fused vs 9; plus 2 attention products
-    assert calls == {True: 7, False: 11}
+        assert generic_after == generic_before  # in range: every GEMM, merged ones too, ran a tuned kernel
+    # dense GEMMs: h, {a, b}, {c, q, k, v}, d, e, attention output = 6 fused vs 10; plus 2 attention products
+    assert calls == {True: 8, False: 12}

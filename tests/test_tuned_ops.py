@@ -29,6 +29,20 @@ def test_dense_every_m_in_and_outside_the_range(tuned_bundle, rng, index, n, bia
         assert_matches_reference(out, reference.fused_matmul, [x, w.T, b], activation=activation)
 
 
+def test_grouped_dense_every_m_in_and_outside_the_range(tuned_bundle, rng):
+    """Three layers side by side (horizontal fusion) run their own workload's kernels, never the
+    one-layer workload's, and write each layer's output as one block: [3, M, 16]."""
+    path, report = tuned_bundle
+    w, b = random_tensor(rng, (48, 24)), random_tensor(rng, (48,))
+    weight, packed_n = weight_operand(report, w, 5)
+    for m in range(1, 46):
+        x = random_tensor(rng, (m, 24))
+        out, used = kernel_used(path, lambda: ops.fused_matmul(x, weight, b, activation="relu", packed_n=packed_n,
+                                                               groups=3, bundle=str(path)).numpy())
+        assert used == expected_kernel(report, 5, {"m": m, "n": 48, "k": 24}), m
+        assert_matches_reference(out, reference.fused_matmul, [x, w.T, b], activation="relu", groups=3)
+
+
 def test_batch_matmul_nt_and_nn_every_shape_in_and_outside_the_range(tuned_bundle, rng):
     path, report = tuned_bundle
     for t in range(1, 24):

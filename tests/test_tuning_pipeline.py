@@ -2,6 +2,7 @@
 (tree and its C form), database, runner failures, and a checked bundle."""
 
 import ctypes
+import dataclasses
 import gc
 import hashlib
 import json
@@ -269,6 +270,22 @@ def test_cold_weight_workloads_are_measured_and_kept_apart(tmp_path):
                                                "cpu", 2)) == set(kernels)
     with pytest.raises(ValueError, match="no static weight"):
         Workload("batch_matmul", (1, 20), (1, 20), 8, b=2, cold_weight=True)
+
+
+def test_grouped_workloads_have_their_own_key_and_fit_their_weight():
+    """Layers side by side (groups > 1) are another workload; one layer keeps the key it had
+    before groups existed, so older databases still match; groups that cannot be laid out
+    are clear errors."""
+    plain = Workload("dense", (1, 100), 96, 32, weight_layout="packed")
+    grouped = dataclasses.replace(plain, groups=3)
+    assert '"groups"' not in plain.key() and grouped.key() != plain.key()
+    assert Workload.from_key(grouped.key()) == grouped and grouped.group_n == 32 and "groups=3" in grouped.describe()
+    with pytest.raises(ValueError, match="divide N=96"):
+        dataclasses.replace(plain, groups=5)
+    with pytest.raises(ValueError, match="pre-packed"):
+        Workload("dense", (1, 100), 96, 32, groups=3)
+    with pytest.raises(ValueError, match="no groups"):
+        Workload("batch_matmul", (1, 20), (1, 20), 8, b=2, groups=2)
 
 
 def test_cold_timing_spends_its_runs_where_runs_are_short():

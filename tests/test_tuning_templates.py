@@ -23,13 +23,15 @@ WORKLOADS = [
     Workload("batch_matmul", (1, 40), 32, (1, 40), b=6, transpose_b=False, ties=("m", "k")),  # probs v
     Workload("batch_matmul", (0, 9), (1, 23), (2, 13), b=(1, 3), transpose_b=False),  # all dynamic
     Workload("batch_matmul", (1, 40), (1, 40), 16, b=(2, 6), bias=True, ties=("m", "n")),  # scores + mask
+    Workload("dense", (1, 40), 96, 24, bias=True, activation="relu", weight_layout="packed", groups=3),  # Q/K/V
 ]
 
 
 def ids(workload):
     return "_".join([workload.kind, *(f"{d}{getattr(workload, d).lo}-{getattr(workload, d).hi}"
                                       for d in ("b", "m", "n", "k")), "nt" if workload.transpose_b else "nn",
-                                      *(["bias"] if workload.bias else [])])
+                                      *(["bias"] if workload.bias else []),
+                                      *([f"groups{workload.groups}"] if workload.groups > 1 else [])])
 
 
 def sample_kernels(workload, count, rng):
@@ -206,6 +208,8 @@ def test_weight_layouts_of_the_space():
         in_place_task_m = {"any": {1}, "packed": set(), "in_place": {1, 4, 8, 16}}[layout]
         assert {k.task_m for k in space if not k.packed} == in_place_task_m
     assert not any(k.packed for k in micro_kernel.space(hw, WORKLOADS[8]))
+    grouped = micro_kernel.space(hw, WORKLOADS[12])  # three layers of 32 columns: tasks never straddle two
+    assert grouped and all(k.packed and 32 % (k.tile_n * k.task_n) == 0 for k in grouped)
 
 
 def test_pack_weight_layout(rng):

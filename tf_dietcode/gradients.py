@@ -25,7 +25,8 @@ def _batch_attrs(op):
 
 @tf.RegisterGradient("DietcodeFusedMatMul")
 def _fused_matmul_gradient(op, grad):
-    attrs = {name: op.get_attr(name) for name in ("transpose_a", "transpose_b", "packed_n", "num_k_dims", "n_dims")}
+    attrs = {name: op.get_attr(name) for name in ("transpose_a", "transpose_b", "packed_n", "num_k_dims", "n_dims",
+                                                      "groups")}
     attrs["activation"] = op.get_attr("activation").decode()
     operands = list(op.inputs[:-1])  # a, b and the optional bias; not the bundle path
     grads = _vjp(lambda a, b, *bias: reference.fused_matmul(a, b, *bias, **attrs), operands, grad)

@@ -35,7 +35,7 @@ def _activation_name(activation: str | None) -> str:
 def fused_matmul(a: TensorLike, b: TensorLike, bias: TensorLike | None = None, *,
                  transpose_a: bool = False, transpose_b: bool = False,
                  activation: str | None = None, bundle: TensorLike = "",
-                 packed_n: int = 0, num_k_dims: int = 1, n_dims: Sequence[int] = (),
+                 packed_n: int = 0, num_k_dims: int = 1, n_dims: Sequence[int] = (), groups: int = 1,
                  name: str | None = None) -> tf.Tensor:
     """activation(op(a) @ op(b) + bias) in one op: a[..., K] (or [K, M]), b[K, N] (or [N, K]),
     bias[N] -> [..., N], as a Dense layer on N-D input.
@@ -45,13 +45,16 @@ def fused_matmul(a: TensorLike, b: TensorLike, bias: TensorLike | None = None, *
     'abcd,cde->abe' is num_k_dims=2, and 'abc,cde->abde' is n_dims=(d, e).
     With packed_n = N > 0, b is a pre-packed weight [blocks, K, tile_n] (the
     layout tuned dense kernels read, see tuning.templates.dense.pack_weight).
+    With groups > 1, b holds that many layers side by side (N / groups columns
+    each) and the output is group-major, [groups, ..., N / groups]: tf.unstack
+    along axis 0 gives each layer's output without a copy (horizontal fusion).
     """
     return load_op_library().dietcode_fused_mat_mul(
         a=_float32(a, "a"), b=_float32(b, "b"),
         bias=[] if bias is None else [_float32(bias, "bias")],
         bundle=bundle, transpose_a=transpose_a, transpose_b=transpose_b,
         activation=_activation_name(activation), packed_n=packed_n, num_k_dims=num_k_dims,
-        n_dims=[int(d) for d in n_dims], name=name)
+        n_dims=[int(d) for d in n_dims], groups=groups, name=name)
 
 
 def _batch_options(x_perm, y_perm, adj_x, adj_y, alpha) -> dict:

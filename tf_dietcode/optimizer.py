@@ -79,7 +79,8 @@ def _computation(graph: signature_graph.SignatureGraph) -> tuple:
 
 def _dense_workload(layer: horizontal_fusion.DenseGroup, rows: tuple[int, int], cold_weight: bool) -> Workload:
     return Workload("dense", (max(rows[0], 1), max(rows[1], 1)), layer.n, layer.k,
-                    bias=layer.has_bias, activation=layer.activation, cold_weight=cold_weight)
+                    bias=layer.has_bias, activation=layer.activation, cold_weight=cold_weight, groups=layer.groups,
+                    weight_layout="packed" if layer.groups > 1 else "any")
 
 
 def _attention_workload(match: attention_patterns.AttentionMatch, ranges: dict, same_size: dict) -> Workload:

@@ -25,7 +25,7 @@ def unpack_weight(packed, n):
 
 
 def fused_matmul(a, b, bias=None, *, transpose_a=False, transpose_b=False, activation="none", packed_n=0,
-                 num_k_dims=1, n_dims=()):
+                 num_k_dims=1, n_dims=(), groups=1):
     if packed_n:
         b = unpack_weight(b, packed_n)
     rows = tf.shape(a)[1:] if transpose_a else tf.shape(a)[:tf.rank(a) - num_k_dims]
@@ -35,8 +35,13 @@ def fused_matmul(a, b, bias=None, *, transpose_a=False, transpose_b=False, activ
     product = tf.linalg.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
     if bias is not None:
         product = tf.nn.bias_add(product, bias)
+    product = ACTIVATIONS[activation](product)
+    if groups > 1:  # [M, groups * n] -> group-major [groups, M, n]
+        group_n = tf.shape(product)[1] // groups
+        product = tf.transpose(tf.reshape(product, [tf.shape(product)[0], groups, group_n]), [1, 0, 2])
+        return tf.reshape(product, tf.concat([[groups], rows, [group_n]], 0))
     columns = tf.constant(list(n_dims), tf.int32) if n_dims else tf.shape(product)[1:]
-    return tf.reshape(ACTIVATIONS[activation](product), tf.concat([rows, columns], 0))
+    return tf.reshape(product, tf.concat([rows, columns], 0))
 
 
 def _scaled_product(x, y, adj_x, adj_y, alpha, x_perm, y_perm):

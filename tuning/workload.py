@@ -5,7 +5,10 @@
                    Keras kernel, is read in place as stored: [K, N]; `weight_layout`
                    says which, "any" letting the tuner pick the faster; `cold_weight`:
                    the model's weights outgrow the last-level cache, so every call reads
-                   w from DRAM and kernels are timed that way)
+                   w from DRAM and kernels are timed that way; `groups` > 1: w's rows are
+                   that many layers side by side, each N / groups wide, and the output is
+                   written group-major, out[groups, M, N / groups], so each layer's output is
+                   a contiguous block (horizontal fusion); its weight is pre-packed)
     batch_matmul:  out[B, M, N] = alpha * x[B, M, K] @ y[B, K, N] (+ addend)   (NN), or y[B, N, K]^T (NT)
 
 A batch matmul's `bias` is its broadcast addend (a mask or bias); its
@@ -71,6 +74,7 @@ class Workload:
     dtype: str = "float32"
     weight_layout: str = "any"  # dense: "packed", "in_place" (w a variable) or "any" (the tuner picks)
     cold_weight: bool = False   # dense: w, bias and out flushed from the caches before each timed run
+    groups: int = 1             # dense: layers side by side in w, output group-major [groups, M, N / groups]
 
     def __post_init__(self):
         for name in DIMS:
@@ -87,10 +91,19 @@ class Workload:
         if self.kind == "dense" and not (self.n.static and self.k.static and self.b == DimRange(1, 1)
                                          and self.transpose_b):
             raise ValueError("a dense workload has a static weight w[N, K] and no batch dim")
-        if self.kind == "batch_matmul" and (self.activation != "none" or self.cold_weight):
-            raise ValueError("batch_matmul workloads have no activation epilogue and no static weight")
+        if self.kind == "batch_matmul" and (self.activation != "none" or self.cold_weight or self.groups != 1):
+            raise ValueError("batch_matmul workloads have no activation epilogue, no static weight and no groups")
+        if self.groups < 1 or self.n.hi % self.groups:
+            raise ValueError(f"groups must be >= 1 and divide N={self.n.hi}, got {self.groups}")
+        if self.groups > 1 and self.weight_layout != "packed":
+            raise ValueError("a dense workload with groups reads its weight pre-packed (weight_layout='packed')")
         if self.ties and (len(self.ties) < 2 or not set(self.ties) <= set(self.dynamic_dims)):
             raise ValueError(f"ties must name two or more dynamic dims of {self.dynamic_dims}, got {self.ties}")
+
+    @property
+    def group_n(self) -> int:
+        """Columns of one group: N, or N / groups for layers side by side."""
+        return self.n.hi // self.groups
 
     @property
     def dynamic_dims(self) -> tuple[str, ...]:
@@ -146,13 +159,18 @@ class Workload:
         sizes = " ".join(f"{d.upper()}={r.lo}" if r.static else f"{d.upper()}={r.lo}..{r.hi}"
                          for d in names for r in [getattr(self, d)])
         if self.kind == "dense":
-            return f"dense {sizes} bias={self.bias} {self.activation}" + (" cold" if self.cold_weight else "")
+            groups = f" groups={self.groups}" if self.groups > 1 else ""
+            return f"dense {sizes}{groups} bias={self.bias} {self.activation}" + (" cold" if self.cold_weight else "")
         ties = f" ties {'='.join(self.ties).upper()}" if self.ties else ""
         return f"batch matmul {'NT' if self.transpose_b else 'NN'} {sizes}{ties} addend={self.bias}"
 
     def key(self) -> str:
-        """Stable JSON text identifying the workload (the tuning database key)."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+        """Stable JSON text identifying the workload (the tuning database key); `groups` only
+        where > 1, so keys (and databases) from before it existed still match."""
+        fields = dataclasses.asdict(self)
+        if self.groups == 1:
+            del fields["groups"]
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_key(cls, key: str) -> "Workload":

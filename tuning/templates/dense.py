@@ -1,5 +1,10 @@
 """Dense micro-kernels: out[M, N] = act(x[M, K] @ w[N, K]^T + bias), M symbolic.
 
+Layers side by side in w (a workload's `groups`, horizontal fusion) write
+out[groups, M, N / groups] instead, each layer's output one contiguous block
+(so TF splits it into the layers' outputs without a copy); their tasks split
+each group's columns exactly and run one product over all of them.
+
 A constant weight may be pre-packed into blocks `wp[NB, K, tile_n]` (zero
 padded to whole parallel tasks), so a task's panel is contiguous; or it is read
 in place as stored, w[K, N] (a trainable variable, which nothing may repack),
@@ -84,11 +89,15 @@ def prim_func(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | No
         bias = te.placeholder((n,), "float32", name="bias")
         params.append(bias)
 
-    def epilogue(i, j):
-        value = acc[i, j // tile_n, j % tile_n]
-        return activation.apply(workload.activation, value + bias[j] if workload.bias else value)
+    def epilogue(group, i, j):  # column j of the group's; a group's columns fill whole blocks
+        value = acc[i, group * (workload.group_n // tile_n) + j // tile_n, j % tile_n]
+        column = group * workload.group_n + j
+        return activation.apply(workload.activation, value + bias[column] if workload.bias else value)
 
-    out = te.compute((rows, n), epilogue, name="out")
+    if workload.groups == 1:
+        out = te.compute((rows, n), lambda i, j: epilogue(0, i, j), name="out")
+    else:
+        out = te.compute((workload.groups, rows, workload.group_n), epilogue, name="out")
     return te.create_prim_func([*params, out])
 
 
@@ -154,7 +163,7 @@ def kernel_arguments(operands: dict[str, np.ndarray], workload: Workload, kernel
     arrays = [operands["x"], weight_operand(operands["w"], weight_layout(workload, kernel))[0]]
     if workload.bias:
         arrays.append(operands["bias"])
-    arrays.append(np.zeros((operands["x"].shape[0], workload.n.hi), np.float32))
+    arrays.append(np.zeros(output_shape(workload, operands["x"].shape[0]), np.float32))
     return [tvm.runtime.tensor(a, device or tvm.cpu()) for a in arrays]
 
 
@@ -165,7 +174,7 @@ def reference_output(operands: dict[str, np.ndarray], workload: Workload) -> np.
     out = operands["x"].astype(np.float64) @ operands["w"].astype(np.float64).T
     if workload.bias:
         out += operands["bias"]
-    return {
+    out = {
         "none": lambda v: v,
         "relu": lambda v: np.maximum(v, 0),
         "tanh": np.tanh,
@@ -173,6 +182,13 @@ def reference_output(operands: dict[str, np.ndarray], workload: Workload) -> np.
         "gelu": lambda v: 0.5 * v * (1 + erf(v / np.sqrt(2))),
         "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3))),
     }[workload.activation](out)
+    rows = out.shape[0]
+    return out.reshape(rows, workload.groups, workload.group_n).transpose(1, 0, 2).reshape(output_shape(workload, rows))
+
+
+def output_shape(workload: Workload, rows: int) -> tuple[int, ...]:
+    """[M, N], or group-major [groups, M, N / groups]."""
+    return (rows, workload.n.hi) if workload.groups == 1 else (workload.groups, rows, workload.group_n)
 
 
 def task_rows(kernel: MicroKernel) -> int:
