@@ -125,7 +125,7 @@ def save_dense_model(path, rng, activation=tf.nn.relu) -> tf.Module:
     return layer
 
 
-TINY_TUNING_OPTIONS = dict(trials=4, batch=4, samples=3, retime_rounds=1)
+TINY_TUNING_OPTIONS = dict(trials=4, batch=4, samples=3)
 ENCODER_RANGES = {"x": [(1, 2), (1, 12), 32]}
 
 

@@ -7,7 +7,6 @@ import gc
 import hashlib
 import json
 import math
-import random
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 import tvm
 
-from tf_dietcode.tuning import bundle, cost_model, dispatch, hardware, measure, retime, search, templates
+from tf_dietcode.tuning import bundle, cost_model, dispatch, hardware, measure, search, templates
 from tf_dietcode.tuning.database import Database
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.measure import Measurement
@@ -135,58 +134,6 @@ def test_first_batch_starts_from_similar_workloads_best_kernels(tmp_path):
     assert runner.measured[:2] == best
     other_kind = Workload("batch_matmul", (1, 100), 64, 32, b=4)
     assert database.best_kernels_elsewhere(other_kind, HW.mcpu, 2) == []
-
-
-class DriftingRunner(FormulaRunner):
-    """The formula machine seen through drift: a kernel's first run at each shape reads up to
-    25% off (as a search's single runs, minutes apart on a VM), later runs exactly."""
-
-    def __init__(self, seed):
-        super().__init__()
-        self.rng, self.seen = random.Random(seed), set()
-
-    def run(self, workload, kernels, ms, seed=0, best=None):
-        drifted = []
-        for record in super().run(workload, kernels, ms, seed, best):
-            if (record.kernel, record.shape) not in self.seen:
-                self.seen.add((record.kernel, record.shape))
-                record = dataclasses.replace(record, seconds=record.seconds * self.rng.uniform(0.75, 1.25))
-            drifted.append(record)
-        return drifted
-
-
-def true_loss(dispatch_, measured, shapes):
-    """Mean log time the tree's picks lose to the best measured kernel, on the formula machine."""
-    losses = []
-    for shape in shapes:
-        chosen = dispatch_.kernels[dispatch_.kernel_index(WORKLOAD.dims_at(shape))]
-        best = min(synthetic_seconds(k, shape) for k in measured)
-        losses.append(math.log(synthetic_seconds(chosen, shape) / best))
-    return sum(losses) / len(losses)
-
-
-def test_retiming_averages_drift_out_of_the_tree(tmp_path):
-    """The tree's kernels are timed again, whole rounds at every sample shape, until its kernels
-    all have them; over six searches the refitted trees lose far less to drift (on one of them
-    a lucky first tree loses a little more); a resumed run times nothing again."""
-    every_m = [(m,) for m in range(1, 101)]
-    losses = {"first": [], "retimed": []}
-    for seed in range(4, 10):
-        runner, database = DriftingRunner(seed), Database(tmp_path / f"db{seed}.jsonl")
-        options = search.SearchOptions(trials=24, batch=8, population=64, samples=4, seed=seed)
-        result = search.search(WORKLOAD, HW, runner, options, database, progress=False)
-        first, searched = dispatch.build_dispatch(result), len(runner.measured)
-        retimed = retime.retimed_dispatch(result, runner, database, HW.mcpu, rounds=2, progress=False)
-        extra = runner.measured[searched:]
-        assert set(first.kernels) | set(retimed.kernels) <= set(extra)
-        assert all(extra.count(k) % 2 == 0 for k in extra)  # whole rounds
-        losses["first"].append(true_loss(first, set(runner.measured), every_m))
-        losses["retimed"].append(true_loss(retimed, set(runner.measured), every_m))
-        again = DriftingRunner(seed)
-        resumed = search.search(WORKLOAD, HW, again, options, database, progress=False)
-        retime.retimed_dispatch(resumed, again, database, HW.mcpu, rounds=2, progress=False)
-        assert again.measured == []
-    assert sum(losses["retimed"]) < 0.7 * sum(losses["first"]), losses
 
 
 def test_dispatch_tree_and_its_c_form_agree_for_every_m(tmp_path):

@@ -5,7 +5,6 @@ Reads one JSON job per line on stdin until it closes; writes one JSON line per
 flushing as it goes so the parent keeps what finished before a hang.
 """
 
-import functools
 import json
 import sys
 
@@ -21,19 +20,14 @@ def _emit(record: dict) -> None:
     sys.stdout.flush()
 
 
-@functools.lru_cache(maxsize=64)
-def _compiled(workload_key: str, kernel: MicroKernel):
-    """A kernel built once per worker: re-timing (tuning/retime.py) measures the same kernels again."""
-    return measure.compile_kernel(Workload.from_key(workload_key), kernel, hardware.detect())
-
-
 def run_job(job: dict) -> None:
     workload = Workload.from_key(job["workload"])
+    hw = hardware.detect()
     rng = np.random.default_rng(job["seed"])
     for fields in job["kernels"]:
         kernel = MicroKernel(**fields)
         try:
-            executable = _compiled(job["workload"], kernel)
+            executable = measure.compile_kernel(workload, kernel, hw)
             shapes = [tuple(shape) for shape in job["shapes"]]
             records = measure.measure(executable, workload, kernel, shapes, rng, job["repeats"], job["min_repeat_ms"],
                                       {tuple(shape): seconds for shape, seconds in job["best"]})

@@ -32,10 +32,9 @@ class SearchOptions:
     epsilon: float = 0.2       # share of each batch picked at random
     samples: int = 6           # sample values per shape variable across its range
     seed: int = 0
-    retime_rounds: int = 2     # rounds in which the first tree's kernels are timed again together (retime.py)
 
 
-QUICK = SearchOptions(trials=12, batch=6, population=64, samples=4, retime_rounds=1)
+QUICK = SearchOptions(trials=12, batch=6, population=64, samples=4)
 SEEDS_PER_WORKLOAD = 2  # best kernels of each similar workload already in the database, measured first
 
 

@@ -5,8 +5,7 @@ import pathlib
 
 from tf_dietcode.tuning import bundle, hardware
 from tf_dietcode.tuning.database import Database
-from tf_dietcode.tuning.dispatch import Dispatch
-from tf_dietcode.tuning.retime import retimed_dispatch
+from tf_dietcode.tuning.dispatch import Dispatch, build_dispatch
 from tf_dietcode.tuning.runner import LocalRunner
 from tf_dietcode.tuning.search import SearchOptions, SearchResult, search
 from tf_dietcode.tuning.workload import Workload
@@ -27,7 +26,6 @@ def tune(workloads: list[Workload], bundle_dir: str | pathlib.Path, *,
     runner = runner or LocalRunner(hw)
     database = database or Database()
     results = [search(w, hw, runner, options, database, progress) for w in dict.fromkeys(workloads)]
-    dispatches = [retimed_dispatch(r, runner, database, hw.name, options.retime_rounds, options.seed, progress)
-                  for r in results]
+    dispatches = [build_dispatch(r) for r in results]
     manifest = bundle.build_bundle(dispatches, hw, bundle_dir, [r.sample_shapes for r in results], options.seed)
     return TuningReport(results, dispatches, manifest)
