@@ -136,21 +136,6 @@ def test_first_batch_starts_from_similar_workloads_best_kernels(tmp_path):
     assert database.best_kernels_elsewhere(other_kind, HW.mcpu, 2) == []
 
 
-def test_grouped_layers_start_from_their_lone_layers_kernels(tmp_path):
-    """Merged layers (groups, a packed weight) are seeded first from the workload nearest their
-    per-layer product, even one whose weight layout is "any", and only with packed kernels."""
-    database = Database(tmp_path / "db.jsonl")
-    options = search.SearchOptions(trials=8, batch=8, population=32, samples=3, seed=2)
-    lone, far = Workload("dense", (1, 100), 64, 32), Workload("dense", (1, 100), 256, 128, weight_layout="packed")
-    for workload in (far, lone):
-        search.search(workload, HW, FormulaRunner(), options, database, progress=False)
-    grouped = Workload("dense", (1, 100), 192, 32, weight_layout="packed", groups=3)
-    seeds = database.best_kernels_elsewhere(grouped, HW.mcpu, 2)
-    lone_kernels, far_kernels = ({r.kernel for r in database.measurements(w, HW.mcpu)} for w in (lone, far))
-    assert len(seeds) >= 3 and all(k.packed for k in seeds)
-    assert set(seeds[:2]) <= lone_kernels and set(seeds[2:]) <= far_kernels
-
-
 def test_dispatch_tree_and_its_c_form_agree_for_every_m(tmp_path):
     result = search.search(WORKLOAD, HW, FormulaRunner(), search.SearchOptions(trials=24, seed=5), progress=False)
     chosen = dispatch.build_dispatch(result)

@@ -57,45 +57,24 @@ class Database:
     def best_kernels_elsewhere(self, workload: Workload, target: str, per_workload: int,
                                kernel_type: type = MicroKernel) -> list:
         """The fastest kernels (geometric mean GFLOP/s over their shapes) of each other
-        workload of the same kind, a weight layout in common and cache state on this target:
-        where one tuning run or an earlier one already found good tiles for a similar product, a
-        new workload's search starts from them instead of from scratch. Nearest products first
-        (per-layer N and K), as the search takes only a few: merged Q/K/V layers (groups, a
-        packed weight) start from the lone 768 x 768 layer's kernels (weight layout "any"), which
-        a search of 64 of their 3160 kernels had not found (session 36)."""
+        workload of the same kind, operand layout and cache state on this target: where one tuning
+        run or an earlier one already found good tiles for a similar product, a new
+        workload's search starts from them instead of from scratch."""
         own_key, by_workload = workload.key(), collections.defaultdict(list)
         for key, measurement in self._usable(target, kernel_type):
             if key != own_key and measurement.seconds:
                 by_workload[key].append(measurement)
-        similar = []
+        best = []
         for key, found in by_workload.items():
             try:
                 other = Workload.from_key(key)
             except (TypeError, ValueError):
                 continue
-            if (other.kind, other.transpose_b, other.cold_weight) == \
-                    (workload.kind, workload.transpose_b, workload.cold_weight) and \
-                    _LAYOUTS[other.weight_layout] & _LAYOUTS[workload.weight_layout]:
-                similar.append((_distance(other, workload), key, other, found))
-        best = []
-        for _, _, other, found in sorted(similar, key=lambda entry: entry[:2]):
+            if (other.kind, other.transpose_b, other.weight_layout, other.cold_weight) != \
+                    (workload.kind, workload.transpose_b, workload.weight_layout, workload.cold_weight):
+                continue
             logs = collections.defaultdict(list)
             for measurement in found:
-                if _layout_of(measurement.kernel) in _LAYOUTS[workload.weight_layout] | {None}:
-                    logs[measurement.kernel].append(math.log(observed_gflops(other, measurement)))
+                logs[measurement.kernel].append(math.log(observed_gflops(other, measurement)))
             best += sorted(logs, key=lambda k: -sum(logs[k]) / len(logs[k]))[:per_workload]
         return list(dict.fromkeys(best))
-
-
-_LAYOUTS = {"any": {"packed", "in_place"}, "packed": {"packed"}, "in_place": {"in_place"}}
-
-
-def _distance(a: Workload, b: Workload) -> float:
-    """How far apart two products are in log size of one layer's N and of K."""
-    return abs(math.log(max(a.group_n, 1) / max(b.group_n, 1))) + abs(math.log(max(a.k.hi, 1) / max(b.k.hi, 1)))
-
-
-def _layout_of(kernel) -> str | None:
-    """A dense kernel's weight layout; None for kernels without one (batch matmul, GPU)."""
-    packed = getattr(kernel, "packed", None)
-    return None if packed is None else "packed" if packed else "in_place"
