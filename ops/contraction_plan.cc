@@ -85,6 +85,36 @@ void PermuteOperand(const Dims& stored, const std::vector<int32_t>& perm,
   }
 }
 
+// The planned [M, N] product as `groups` products of N / groups columns, one
+// per layer side by side in b, all reading the same a, written group-major
+// into [groups, rows..., N / groups].
+Status SplitIntoGroups(int64_t groups, Dims out_dims, ContractionPlan* plan) {
+  if (plan->n % groups != 0) {
+    return InvalidArgument("groups=", groups, " must divide N=", plan->n);
+  }
+  const int64_t group_n = plan->n / groups;
+  if (plan->b_block_cols > 0 && group_n % plan->b_block_cols != 0) {
+    return InvalidArgument("packed b's blocks of ", plan->b_block_cols,
+                           " columns straddle its groups of ", group_n);
+  }
+  out_dims.back() = group_n;
+  out_dims.insert(out_dims.begin(), groups);
+  TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(out_dims, &plan->out_shape));
+  plan->n = group_n;
+  if (plan->out_shape.num_elements() == 0) return Status();
+  plan->batch_dims = {groups};
+  plan->batch_count = groups;
+  plan->a_batch_strides = {0};
+  plan->b_batch_strides = {
+      plan->b_block_cols > 0
+          ? group_n / plan->b_block_cols * plan->b_block_stride
+          : group_n * (plan->transpose_b ? plan->ldb : 1)};
+  plan->out_batch_strides = {plan->m * group_n};
+  plan->out_row_stride = group_n;
+  plan->addend_batch_strides = {plan->has_addend ? group_n : 0};
+  return Status();
+}
+
 }  // namespace
 
 int64_t ContractionPlan::BatchOffset(const std::vector<int64_t>& batch_strides,
@@ -247,40 +277,6 @@ Status ValidateGroups(int64_t groups, const Dims& n_dims) {
   }
   return Status();
 }
-
-namespace {
-
-// The planned [M, N] product as `groups` products of N / groups columns, one
-// per layer side by side in b, all reading the same a, written group-major
-// into [groups, rows..., N / groups].
-Status SplitIntoGroups(int64_t groups, Dims out_dims, ContractionPlan* plan) {
-  if (plan->n % groups != 0) {
-    return InvalidArgument("groups=", groups, " must divide N=", plan->n);
-  }
-  const int64_t group_n = plan->n / groups;
-  if (plan->b_block_cols > 0 && group_n % plan->b_block_cols != 0) {
-    return InvalidArgument("packed b's blocks of ", plan->b_block_cols,
-                           " columns straddle its groups of ", group_n);
-  }
-  out_dims.back() = group_n;
-  out_dims.insert(out_dims.begin(), groups);
-  TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(out_dims, &plan->out_shape));
-  plan->n = group_n;
-  if (plan->out_shape.num_elements() == 0) return Status();
-  plan->batch_dims = {groups};
-  plan->batch_count = groups;
-  plan->a_batch_strides = {0};
-  plan->b_batch_strides = {
-      plan->b_block_cols > 0
-          ? group_n / plan->b_block_cols * plan->b_block_stride
-          : group_n * (plan->transpose_b ? plan->ldb : 1)};
-  plan->out_batch_strides = {plan->m * group_n};
-  plan->out_row_stride = group_n;
-  plan->addend_batch_strides = {plan->has_addend ? group_n : 0};
-  return Status();
-}
-
-}  // namespace
 
 Status PlanMatMul(const TensorShape& a, const TensorShape& b,
                   const TensorShape* bias, bool transpose_a, bool transpose_b,

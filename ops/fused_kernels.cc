@@ -72,7 +72,6 @@ class FusedMatMulOp : public FusedContractionOp {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_k_dims", &num_k_dims_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("n_dims", &n_dims_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("groups", &groups_));
-    OP_REQUIRES_OK(ctx, ValidateGroups(groups_, n_dims_));
     activation_ = ParseActivation(activation);
   }
 

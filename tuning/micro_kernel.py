@@ -60,12 +60,12 @@ def _weight_layouts(workload: Workload, tile_n: int, task_n: int) -> list[bool]:
     """`packed` values for these column tiles: the workload's weight layout, or both
     for "any"; a weight read in place has no padding, so its tasks must split N exactly,
     as grouped layers' tasks must split each group (no padding between groups)."""
-    allowed = {"any": (True, False), "packed": (True,), "in_place": (False,)}[workload.weight_layout]
     if workload.kind != "dense":
         return [False]
-    if workload.group_n % (tile_n * task_n):
-        return [] if workload.groups > 1 else [p for p in allowed if p]  # groups: tasks split each exactly
-    return list(allowed)
+    allowed = {"any": (True, False), "packed": (True,), "in_place": (False,)}[workload.weight_layout]
+    if workload.group_n % (tile_n * task_n) == 0:
+        return list(allowed)
+    return [] if workload.groups > 1 else [packed for packed in allowed if packed]
 
 
 def _row_tiles_per_task(hw: "Hardware", workload: Workload, tile_n: int, task_n: int,
