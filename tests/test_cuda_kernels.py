@@ -92,6 +92,27 @@ def test_local_padding_leaves_no_check_in_the_compute_loop(workload):
         assert not isinstance(write_back.predicate, tirx.IntImm), kernel.name
 
 
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.describe())
+def test_pipelined_kernel_copies_the_next_k_step_asynchronously(workload):
+    """Two stages: each shared tile has two buffers, every fetch is a cp.async (predicated
+    zero-fill where padded) and the threads wait for a K step's copy only before its FMAs;
+    the same kernel in one stage has neither."""
+    one = space.GpuKernel(32, 32, 2, 2, 8)
+    two = dataclasses.replace(one, stages=2)
+    assert two.name == one.name + "_s2" and space.GpuKernel.from_name(two.name) == two
+    assert space.GpuKernel.from_name(one.name) == one and two.shared_bytes(workload) == 2 * one.shared_bytes(workload)
+    _, single, _ = build.cuda_source(workload, one, "k")
+    _, pipelined, _ = build.cuda_source(workload, two, "k")
+    for body, kernel in ((single, one), (pipelined, two)):
+        words = sum(int(n) for n in re.findall(r"__shared__ alignas\(\d+\) float \w+\[(\d+)\]", body))
+        assert words * 4 == kernel.shared_bytes(workload)
+    assert "cp_async" not in single
+    buffers = set(re.findall(r"__shared__ alignas\(\d+\) float (\w+)\[", pipelined))
+    assert set(re.findall(r"ptx_cp_async\w*\((\w+)", pipelined)) == buffers and len(buffers) == 2
+    assert "wait_group_1()" in pipelined and "commit_group()" in pipelined
+    assert not re.search(r"_shared_ptr\[[^]]*\] = \w+_ptr\[", pipelined)  # no synchronous global-to-shared copy
+
+
 def test_nt_y_tile_runs_along_columns_in_shared_memory():
     """NT's y is stored [.., N, K]; its shared tile is [K, N + 4] so a warp's reads, which run
     along N, hit consecutive words, and the transposing stores spread over the banks."""
@@ -136,19 +157,23 @@ def test_parameters_follow_the_kernel_signature():
 
 @pytest.mark.skipif(build.nvcc() is None, reason="needs nvcc (the CUDA toolkit)")
 def test_nvcc_builds_a_fatbin_for_every_arch(tmp_path):
+    """One source file for kernels of one and two stages: the prelude carries every helper once."""
     workload = WORKLOADS[1]
-    kernels = sample(workload, 2)
+    kernels = [space.GpuKernel(32, 32, 2, 2, 8), space.GpuKernel(32, 32, 2, 2, 8, stages=2)]
     shapes = {workload.key(): [{"t": 5, "b": 1, "m": 5, "n": 40, "k": 17}]}
-    manifest = build.build([(workload, [(kernels[0], None), (kernels[1], {"b": 1, "m": 5, "n": 40, "k": 17})])],
+    manifest = build.build([(workload, [(kernels[0], None), (kernels[1], {"b": 1, "m": 5, "n": 40, "k": 17}),
+                                        (kernels[1], None)])],
                            shapes, tmp_path / "set")
     assert json.loads((tmp_path / "set" / build.MANIFEST).read_text()) == manifest
     assert manifest["archs"] == list(build.ARCHS)
     entry = manifest["workloads"][0]
     fatbin = (tmp_path / "set" / entry["fatbin"]).read_bytes()
     assert len(fatbin) > 1000 and fatbin[:4] == bytes.fromhex("50ed55ba")  # the fatbin magic
-    symbolic, static = entry["kernels"]
+    symbolic, static, pipelined = entry["kernels"]
     assert ["M", "int32"] in symbolic["launch"]["params"] and ["M", "int32"] not in static["launch"]["params"]
-    assert symbolic["spill_bytes"] == 0
+    assert symbolic["spill_bytes"] == pipelined["spill_bytes"] == 0
+    source = (tmp_path / "set" / "w0.cu").read_text()
+    assert source.count("void ptx_cp_async_legacy_pred_ca_4_4_4(") == 1
 
 
 def test_build_refuses_without_nvcc(tmp_path, monkeypatch):

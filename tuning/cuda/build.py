@@ -34,6 +34,7 @@ DISPATCH = "dispatch.so"
 ARCHS = ("sm_80", "sm_90")
 _SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\((\d+)\) (\w+)\(([^)]*)\)\s*\{')
 _PARAM_TYPES = {"float*": "pointer", "int": "int32", "float": "float32", "int64_t": "int64"}
+_HELPER = re.compile(r"^__forceinline__ __device__ .*?^}\n", re.S | re.M)  # a device function TVM's prelude defines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,8 @@ def cuda_source(workload: Workload, kernel: GpuKernel, symbol: str,
                 dims: dict[str, int] | None = None) -> tuple[str, str, Launch]:
     """(TVM's CUDA prelude, the kernel's definition renamed to `symbol`, its launch rule)."""
     target = tvm.target.Target({"kind": "cuda", "arch": ARCHS[0]}, host={"kind": "llvm"})
-    source = tvm.compile(schedule.schedule(workload, kernel, dims), target=target).mod.imports[0].inspect_source()
+    with tvm.transform.PassContext(config={"tirx.use_async_copy": True}):  # a pipelined kernel's cp.async copies
+        source = tvm.compile(schedule.schedule(workload, kernel, dims), target=target).mod.imports[0].inspect_source()
     definition = _SIGNATURE.search(source)
     if definition is None:
         raise RuntimeError(f"no kernel definition in TVM's CUDA source for {kernel.name}")
@@ -78,6 +80,19 @@ def cuda_source(workload: Workload, kernel: GpuKernel, symbol: str,
     launch = Launch(symbol, tuple(parsed), (threads_x, threads_y, 1),
                     (("n", kernel.block_n), ("m", kernel.block_m), ("b", 1)))
     return prelude, body, launch
+
+
+def merged_prelude(preludes: list[str]) -> str:
+    """One source file's prelude for several kernels: TVM's header once, then each device
+    function any of them needs once (pipelined kernels bring cp.async helpers, others none)."""
+    headers, helpers = set(), {}
+    for prelude in preludes:
+        found = list(_HELPER.finditer(prelude))
+        headers.add(prelude[:found[0].start()] if found else prelude)
+        helpers.update(dict.fromkeys(m.group() for m in found))
+    if len(headers) > 1:
+        raise RuntimeError("TVM's CUDA preludes differ between kernels of one set; cannot share one source")
+    return "".join([*headers, *helpers])
 
 
 def compile_fatbin(source: pathlib.Path, output: pathlib.Path, archs: tuple[str, ...] = ARCHS,
@@ -126,13 +141,14 @@ def build(entries: list[tuple[Workload, list[tuple[GpuKernel, dict[str, int] | N
     with atomic_directory(pathlib.Path(directory)) as staging:
         sources, workloads = [], []
         for w, (workload, kernels) in enumerate(entries):
-            prelude, bodies, records = "", [], []
+            preludes, bodies, records = [], [], []
             for i, (kernel, dims) in enumerate(kernels):
                 prelude, body, launch = cuda_source(workload, kernel, f"w{w}_k{i}", dims)
+                preludes.append(prelude)
                 bodies.append(body)
                 records.append({"kernel": dataclasses.asdict(kernel), "name": kernel.name, "static_dims": dims,
                                 "launch": dataclasses.asdict(launch)})
-            (staging / f"w{w}.cu").write_text(prelude + "\n".join(bodies))
+            (staging / f"w{w}.cu").write_text(merged_prelude(preludes) + "\n".join(bodies))
             sources.append(staging / f"w{w}.cu")
             workloads.append({"workload": json.loads(workload.key()), "describe": workload.describe(),
                               "fatbin": f"w{w}.fatbin", "shapes": shapes.get(workload.key(), []),

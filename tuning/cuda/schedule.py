@@ -9,6 +9,12 @@ tiles; the padded operand copies become the shared-memory fetches (the only
 reads with bound checks), each thread accumulates its register tile with no
 checks, and the epilogue (bias or scale and addend, activation) is the
 write-back of that tile, which alone checks M and N.
+
+Pipelined (kernel.stages > 1): TVM's software pipeline gives each shared tile
+`stages` buffers and copies the next K steps' tiles with cp.async (predicated
+zero-fill where padded) while the threads compute on the current one, so the
+global loads' latency is hidden inside each block, not only by other blocks
+sharing the SM. build.cuda_source compiles with async copies enabled.
 """
 
 import tvm
@@ -95,4 +101,8 @@ def schedule(workload: Workload, kernel: GpuKernel, dims: dict[str, int] | None 
     sch.decompose_reduction(acc, k_outer)
     for loop in (k_inner, i_tile, j_tile):
         sch.unroll(loop)
+    if kernel.stages > 1:  # k_outer's body: fetch x, fetch y (w), the K step's FMAs
+        sch.annotate(k_outer, "software_pipeline_stage", [0, 0, kernel.stages - 1])
+        sch.annotate(k_outer, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(k_outer, "software_pipeline_async_stages", [0])
     return sch.mod

@@ -2,7 +2,9 @@
 
 A thread block computes a block_m x block_n output tile, each of its threads a
 thread_m x thread_n register tile, stepping through K tile_k at a time with
-both operand tiles staged in shared memory. Every size comes from the limits
+both operand tiles staged in shared memory, in one buffer or, pipelined, in
+`stages` of them: the copies of the next K steps (cp.async, sm_80 and newer)
+run while the current one is computed. Every size comes from the limits
 of the target architectures (threads, shared memory, registers), none from a
 shape; tiles need not divide the dims (local padding does the rest).
 """
@@ -17,6 +19,7 @@ from tf_dietcode.tuning.workload import Workload
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 THREAD_TILES = (1, 2, 4, 8)
 K_STEPS = (8, 16, 32, 64)
+STAGES = (1, 2)          # shared-memory buffers per operand: 2 overlaps the next K step's copy with this one's FMAs
 REGISTER_OVERHEAD = 24  # addresses, loop counters and the fetch's temporaries, besides the tile
 K_MAJOR_PADDING = 4     # words past each K row of a tile laid out [K, columns]
 
@@ -28,6 +31,7 @@ class GpuKernel:
     thread_m: int
     thread_n: int
     tile_k: int
+    stages: int = 1
 
     @property
     def threads(self) -> tuple[int, int]:
@@ -36,25 +40,26 @@ class GpuKernel:
 
     @property
     def name(self) -> str:
-        return f"g{self.block_m}x{self.block_n}_t{self.thread_m}x{self.thread_n}_k{self.tile_k}"
+        pipelined = f"_s{self.stages}" if self.stages > 1 else ""  # one stage: the name records had before
+        return f"g{self.block_m}x{self.block_n}_t{self.thread_m}x{self.thread_n}_k{self.tile_k}{pipelined}"
 
     @classmethod
     def from_name(cls, name: str) -> "GpuKernel":
-        match = re.fullmatch(r"g(\d+)x(\d+)_t(\d+)x(\d+)_k(\d+)", name)
+        match = re.fullmatch(r"g(\d+)x(\d+)_t(\d+)x(\d+)_k(\d+)(?:_s(\d+))?", name)
         if match is None:
             raise ValueError(f"not a GPU kernel name: {name!r}")
-        return cls(*map(int, match.groups()))
+        return cls(*(int(g) for g in match.groups() if g is not None))
 
     def registers(self) -> int:
         """Estimated registers a thread holds: its accumulators, one operand column and row."""
         return self.thread_m * self.thread_n + self.thread_m + self.thread_n + REGISTER_OVERHEAD
 
     def shared_bytes(self, workload: Workload | None = None) -> int:
-        """Both operand tiles; an NT y tile is laid out [K, columns] with rows padded by
-        K_MAJOR_PADDING words (see schedule._fetch_to_shared). No workload: the tiles alone."""
+        """Both operand tiles, once per stage; an NT y tile is laid out [K, columns] with rows
+        padded by K_MAJOR_PADDING words (see schedule._fetch_to_shared). No workload: the tiles alone."""
         nt = workload is not None and workload.kind == "batch_matmul" and workload.transpose_b
         padding = K_MAJOR_PADDING if nt else 0
-        return (self.block_m + self.block_n + padding) * self.tile_k * 4
+        return (self.block_m + self.block_n + padding) * self.tile_k * 4 * self.stages
 
 
 def _fits(kernel: GpuKernel, limits: GpuLimits, workload: Workload) -> bool:
@@ -73,11 +78,12 @@ def space(limits: GpuLimits, workload: Workload) -> list[GpuKernel]:
     """Every GPU micro-kernel the limits admit for this workload; tiles more than
     twice as large as a dim's largest size would only compute padding."""
     kernels = []
-    for bm, bn, tm, tn, bk in itertools.product(BLOCK_SIZES, BLOCK_SIZES, THREAD_TILES, THREAD_TILES, K_STEPS):
+    for bm, bn, tm, tn, bk, stages in itertools.product(BLOCK_SIZES, BLOCK_SIZES, THREAD_TILES, THREAD_TILES,
+                                                        K_STEPS, STAGES):
         if bm % tm or bn % tn or bm > 2 * max(workload.m.hi, 8) or bn > 2 * max(workload.n.hi, 8) \
                 or bk > 2 * max(workload.k.hi, 8):
             continue
-        kernel = GpuKernel(bm, bn, tm, tn, bk)
+        kernel = GpuKernel(bm, bn, tm, tn, bk, stages)
         if _fits(kernel, limits, workload):
             kernels.append(kernel)
     return kernels

@@ -15,8 +15,8 @@ from tf_dietcode.tuning.cuda.limits import GpuLimits
 from tf_dietcode.tuning.cuda.space import GpuKernel
 
 # Bumped whenever the generated CUDA code changes, so measurements of older kernels are not reused
-# (2: NT's y tile laid out [K, columns] in shared memory).
-CUDA_TEMPLATES_VERSION = 2
+# (2: NT's y tile laid out [K, columns] in shared memory; 3: pipelined kernels, two shared buffers).
+CUDA_TEMPLATES_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +40,14 @@ class GpuTarget:
 
     def kernel_features(self, kernel: GpuKernel) -> list[float]:
         """Tile shape, threads, the register tile (FMAs per shared-memory load), shared
-        memory and registers against the SM's, and so how many blocks fit an SM."""
+        memory and registers against the SM's, and so how many blocks fit an SM, and
+        the pipeline's stages."""
         threads = kernel.threads[0] * kernel.threads[1]
         resident = min(self.limits.registers_per_sm // (threads * kernel.registers()), 2048 // threads, 32)
         intensity = kernel.thread_m * kernel.thread_n / (kernel.thread_m + kernel.thread_n)
         return [kernel.block_m, kernel.block_n, kernel.thread_m, kernel.thread_n, kernel.tile_k, threads,
                 kernel.registers(), kernel.shared_bytes() / self.limits.shared_bytes_per_block, resident,
-                intensity, math.log2(kernel.block_m * kernel.block_n)]
+                intensity, math.log2(kernel.block_m * kernel.block_n), kernel.stages]
 
     def busy(self, kernel: GpuKernel) -> bool:
         """Worth a place in the first batch: a register tile of 4 or more outputs a thread."""
