@@ -3,7 +3,7 @@
 Runs where the GPU is: needs only numpy, torch and the CUDA driver (no TVM, no
 TensorFlow, not this package), so it is a plain script:
 
-    python3 bench/cuda_kernels.py KERNEL_SET_DIR OUT_DIR [ROUNDS]
+    python3 bench/cuda_kernels.py KERNEL_SET_DIR OUT_DIR [ROUNDS [WORKLOAD]]
 
 For every workload of the set, at every shape its manifest lists: each kernel
 is launched through the driver on torch's tensors, checked against torch in
@@ -18,6 +18,9 @@ timed once per round, round after round, so kernels compared with each other
 (a symbolic build and its static one) are timed interleaved, not minutes
 apart. A CUDA bundle (tuning/cuda/build.write_bundle) runs, at each shape, only
 the kernel its compiled tree picks (none outside its ranges: cuBLAS alone).
+WORKLOAD (an index into the set's workloads) measures only that one: run one
+process per workload and a kernel that faults (which ends the CUDA context)
+costs only its own workload's record.
 Writes measurements.csv (a row per kernel, shape and round) and device.json.
 """
 
@@ -177,7 +180,7 @@ def device_properties() -> dict:
             "cuda": torch.version.cuda, "blas": str(torch.backends.cuda.preferred_blas_library())}
 
 
-def main(kernel_set: pathlib.Path, out: pathlib.Path, rounds: int = 1) -> None:
+def main(kernel_set: pathlib.Path, out: pathlib.Path, rounds: int = 1, workload_index: int | None = None) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     manifest = json.loads((kernel_set / "manifest.json").read_text())
@@ -191,7 +194,8 @@ def main(kernel_set: pathlib.Path, out: pathlib.Path, rounds: int = 1) -> None:
     with open(out / "measurements.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["workload", "kernel", "static", "t", "b", "m", "n", "k", "round", "seconds", "error"])
-        for entry in manifest["workloads"]:
+        entries = manifest["workloads"]
+        for entry in entries if workload_index is None else [entries[workload_index]]:
             workload, failures = entry["workload"], 0
             module = driver.load((kernel_set / entry["fatbin"]).read_bytes())
             for shape in entry["shapes"]:
@@ -224,4 +228,4 @@ def main(kernel_set: pathlib.Path, out: pathlib.Path, rounds: int = 1) -> None:
             print(entry["describe"], "kernels over tolerance:", failures, flush=True)
 
 if __name__ == "__main__":
-    main(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), *map(int, sys.argv[3:4]))
+    main(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), *map(int, sys.argv[3:5]))

@@ -118,11 +118,13 @@ def _keep_record(run: pathlib.Path, name: str) -> None:
         shutil.copyfileobj(raw, packed)
 
 
-def replay(run: pathlib.Path, trials: int, seed: int) -> tuple[GpuTarget, RecordedRunner, dict]:
-    """The joint search of each workload (`trials` kernels of its space) replayed over a GPU
-    run's record at the run's T: (the GPU, the record, {label: its SearchResult})."""
+def replay(run: pathlib.Path, trials: int, seed: int, stages: tuple[int, ...] = space.STAGES
+           ) -> tuple[GpuTarget, RecordedRunner, dict]:
+    """The joint search of each workload (`trials` kernels of its space, the kernels of these
+    pipeline depths) replayed over a GPU run's record at the run's T: (the GPU, the record,
+    {label: its SearchResult})."""
     device = json.loads((run / "device.json").read_text())
-    target = GpuTarget(limits.ARCHS[f"sm_{device['capability'].replace('.', '')}"], device["sms"])
+    target = GpuTarget(limits.ARCHS[f"sm_{device['capability'].replace('.', '')}"], device["sms"], stages)
     runner = RecordedRunner.load([w for w, _ in WORKLOADS.values()], run / "measurements.csv")
     results = {}
     for label, (workload, sizes) in WORKLOADS.items():
@@ -155,15 +157,17 @@ def every_t_dispatches(first_run: pathlib.Path, finalists_run: pathlib.Path, tri
     return chosen
 
 
-def report_run(run: pathlib.Path, name: str, trials: int, seed: int) -> list[dict]:
-    """Replays the joint search (`trials` kernels measured of each space) over a GPU run's
+def report_run(run: pathlib.Path, name: str, trials: int, seed: int,
+               stages: tuple[int, ...] = space.STAGES) -> list[dict]:
+    """Replays the joint search (`trials` kernels measured of each space, its kernels of
+    these pipeline depths: (1,) is CUDA templates 2's space) over a GPU run's
     record, builds each workload's dispatch tree, and compares at every T the tree's kernel
     with cuBLAS, with the best kernel of the whole space and with the kernel best at the
     largest T (the Nimble-like baseline), all as ratios over cuBLAS' first timing (its
     second, where the run has one, shows the drift); writes docs/results/<name>.{csv,png},
     <name>_static.csv and the run's raw record."""
     device = json.loads((run / "device.json").read_text())
-    target, runner, results = replay(run, trials, seed)
+    target, runner, results = replay(run, trials, seed, stages)
     cublas, static = _cublas_and_static(run)
     rows = []
     for label, (workload, sizes) in WORKLOADS.items():
@@ -175,9 +179,10 @@ def report_run(run: pathlib.Path, name: str, trials: int, seed: int) -> list[dic
         def seconds_of(kernel, shape):
             return table.get((kernel, shape)) or float("inf")
 
-        largest = min({k for k, _ in table}, key=lambda k: seconds_of(k, sample[-1]))
+        recorded = {k for k, _ in table} & set(target.space(workload))  # the space's kernels the run timed
+        largest = min(recorded, key=lambda k: seconds_of(k, sample[-1]))
         for dims, shape in zip(at, sample):
-            best = min({k for k, _ in table}, key=lambda k: seconds_of(k, shape))
+            best = min(recorded, key=lambda k: seconds_of(k, shape))
             peers = {peer: (times[(workload.describe(), dims["t"])], "") for peer, times in cublas.items()}
             peers |= {"tf_dietcode": (seconds_of(picked := chosen.kernels[chosen.kernel_index(dims)], shape),
                                      picked.name),
@@ -298,6 +303,8 @@ def main() -> None:
     reporting.add_argument("--name", default="cuda_h200", help="file names under docs/results/")
     reporting.add_argument("--trials", type=int, default=search.SearchOptions.trials)
     reporting.add_argument("--seed", type=int, default=0)
+    reporting.add_argument("--stages", type=int, nargs="+", default=list(space.STAGES),
+                           help="pipeline depths of the space to search (1 alone: CUDA templates 2's space)")
     aot = commands.add_parser("aot", help="symbolic vs static builds of the chosen kernels, timed in rounds")
     aot.add_argument("run", type=pathlib.Path)
     aot.add_argument("--chosen-from", type=pathlib.Path, required=True, help="the report whose kernels were built")
@@ -317,7 +324,7 @@ def main() -> None:
                              whole_space=not arguments.chosen_only, finalists_of=arguments.finalists_of)
         print(sum(len(w["kernels"]) for w in manifest["workloads"]), "kernels in", arguments.directory)
     elif arguments.command == "report":
-        report_run(arguments.run, arguments.name, arguments.trials, arguments.seed)
+        report_run(arguments.run, arguments.name, arguments.trials, arguments.seed, tuple(arguments.stages))
     elif arguments.command == "aot":
         report_aot(arguments.run, arguments.chosen_from, arguments.name)
     elif arguments.command == "bundle":

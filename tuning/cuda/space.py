@@ -74,12 +74,12 @@ def _fits(kernel: GpuKernel, limits: GpuLimits, workload: Workload) -> bool:
             and 2 * threads * kernel.registers() <= limits.registers_per_sm)
 
 
-def space(limits: GpuLimits, workload: Workload) -> list[GpuKernel]:
-    """Every GPU micro-kernel the limits admit for this workload; tiles more than
-    twice as large as a dim's largest size would only compute padding."""
+def space(limits: GpuLimits, workload: Workload, stages: tuple[int, ...] = STAGES) -> list[GpuKernel]:
+    """Every GPU micro-kernel the limits admit for this workload (with these pipeline
+    depths); tiles more than twice as large as a dim's largest size would only compute padding."""
     kernels = []
     for bm, bn, tm, tn, bk, stages in itertools.product(BLOCK_SIZES, BLOCK_SIZES, THREAD_TILES, THREAD_TILES,
-                                                        K_STEPS, STAGES):
+                                                        K_STEPS, stages):
         if bm % tm or bn % tn or bm > 2 * max(workload.m.hi, 8) or bn > 2 * max(workload.n.hi, 8) \
                 or bk > 2 * max(workload.k.hi, 8):
             continue

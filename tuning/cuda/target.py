@@ -23,6 +23,7 @@ CUDA_TEMPLATES_VERSION = 3
 class GpuTarget:
     limits: GpuLimits
     sms: int    # streaming multiprocessors of the GPU measured (132 on an H100 or H200)
+    stages: tuple[int, ...] = space.STAGES  # pipeline depths the space offers (1 alone: templates 2's space)
 
     kernel_type = GpuKernel
 
@@ -36,7 +37,7 @@ class GpuTarget:
         return self.sms
 
     def space(self, workload) -> list[GpuKernel]:
-        return space.space(self.limits, workload)
+        return space.space(self.limits, workload, self.stages)
 
     def kernel_features(self, kernel: GpuKernel) -> list[float]:
         """Tile shape, threads, the register tile (FMAs per shared-memory load), shared
