@@ -257,3 +257,11 @@ def test_cuda_bundle_carries_the_kernels_and_the_compiled_tree(tmp_path):
     for t in range(0, 131):
         dims = workload.dims_at((t,))
         assert tree(*(dims[d] for d in "bmnk")) == chosen.kernel_index(dims), t
+
+
+def test_a_large_set_compiles_in_worker_processes_to_the_same_sources(monkeypatch):
+    workload = WORKLOADS[4]
+    jobs = [(workload, kernel, f"k{i}", None) for i, kernel in enumerate(sample(workload))]
+    one_at_a_time = [build.cuda_source(*job) for job in jobs]
+    monkeypatch.setattr(build, "_PARALLEL_FROM", 2)
+    assert build.cuda_sources(jobs) == one_at_a_time

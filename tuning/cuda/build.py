@@ -12,6 +12,7 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
+import multiprocessing
 import os
 import pathlib
 import re
@@ -34,6 +35,7 @@ DISPATCH = "dispatch.so"
 ARCHS = ("sm_80", "sm_90")
 _SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\((\d+)\) (\w+)\(([^)]*)\)\s*\{')
 _PARAM_TYPES = {"float*": "pointer", "int": "int32", "float": "float32", "int64_t": "int64"}
+_PARALLEL_FROM = 64  # kernels: fewer compile faster in this process than a pool of fresh ones starts
 _HELPER = re.compile(r"^__forceinline__ __device__ .*?^}\n", re.S | re.M)  # a device function TVM's prelude defines
 
 
@@ -80,6 +82,19 @@ def cuda_source(workload: Workload, kernel: GpuKernel, symbol: str,
     launch = Launch(symbol, tuple(parsed), (threads_x, threads_y, 1),
                     (("n", kernel.block_n), ("m", kernel.block_m), ("b", 1)))
     return prelude, body, launch
+
+
+def _cuda_source_job(job: tuple) -> tuple[str, str, Launch]:
+    return cuda_source(*job)
+
+
+def cuda_sources(jobs: list[tuple[Workload, GpuKernel, str, dict[str, int] | None]]) -> list[tuple[str, str, Launch]]:
+    """cuda_source of each (workload, kernel, symbol, dims), over every core for a large set
+    (one TVM compile runs on one core: a whole space took 15 minutes on two, one at a time)."""
+    if len(jobs) < _PARALLEL_FROM or (os.cpu_count() or 1) == 1:
+        return [cuda_source(*job) for job in jobs]
+    with concurrent.futures.ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_cuda_source_job, jobs, chunksize=8))
 
 
 def merged_prelude(preludes: list[str]) -> str:
@@ -140,10 +155,12 @@ def build(entries: list[tuple[Workload, list[tuple[GpuKernel, dict[str, int] | N
     shapes = shapes or {}
     with atomic_directory(pathlib.Path(directory)) as staging:
         sources, workloads = [], []
+        compiled = iter(cuda_sources([(workload, kernel, f"w{w}_k{i}", dims) for w, (workload, kernels)
+                                      in enumerate(entries) for i, (kernel, dims) in enumerate(kernels)]))
         for w, (workload, kernels) in enumerate(entries):
             preludes, bodies, records = [], [], []
-            for i, (kernel, dims) in enumerate(kernels):
-                prelude, body, launch = cuda_source(workload, kernel, f"w{w}_k{i}", dims)
+            for kernel, dims in kernels:
+                prelude, body, launch = next(compiled)
                 preludes.append(prelude)
                 bodies.append(body)
                 records.append({"kernel": dataclasses.asdict(kernel), "name": kernel.name, "static_dims": dims,
