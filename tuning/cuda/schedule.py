@@ -59,13 +59,14 @@ def _fetch_to_shared(sch: s_tir.Schedule, fetch, k_outer, kernel: GpuKernel, k_m
     (NT's y) is laid out [K, column] in the tile, so that the threads of a warp, which
     run along columns, read consecutive words (stored as it comes, a tile_k-word
     stride put up to 16 of them in one bank: NT ran at 0.6x cuBLAS from T = 81 on an
-    H200); its rows are padded by K_MAJOR_PADDING words so that the transposing stores
-    spread over the banks too, and stay 16-byte aligned for vector loads."""
+    H200); its rows are padded to K_MAJOR_PADDING words past a multiple of the banks, so
+    that the transposing stores spread over the banks too, and stay 16-byte aligned for
+    vector loads."""
     sch.set_scope(fetch, 0, "shared")  # first: compute_at then sizes the tile for the whole block
     sch.compute_at(fetch, k_outer)
     if k_major:
         sch.transform_layout(fetch, ("write", 0), lambda p, j, r: (p, r, j))
-        sch.storage_align(fetch, 0, axis=1, factor=32, offset=space.K_MAJOR_PADDING)
+        sch.storage_align(fetch, 0, axis=1, factor=space.SHARED_BANKS, offset=space.K_MAJOR_PADDING)
     threads_x, threads_y = kernel.threads
     axes = sch.get_loops(fetch)[LOOPS_TO_K_OUTER:]
     _, ty, tx = sch.split(sch.fuse(*axes), [None, threads_y, threads_x])

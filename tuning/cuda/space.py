@@ -21,7 +21,8 @@ THREAD_TILES = (1, 2, 4, 8)
 K_STEPS = (8, 16, 32, 64)
 STAGES = (1, 2)          # shared-memory buffers per operand: 2 overlaps the next K step's copy with this one's FMAs
 REGISTER_OVERHEAD = 24  # addresses, loop counters and the fetch's temporaries, besides the tile
-K_MAJOR_PADDING = 4     # words past each K row of a tile laid out [K, columns]
+K_MAJOR_PADDING = 4     # a tile laid out [K, columns] has rows of K_MAJOR_PADDING words modulo SHARED_BANKS
+SHARED_BANKS = 32       # 4-byte banks of shared memory
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -56,9 +57,10 @@ class GpuKernel:
 
     def shared_bytes(self, workload: Workload | None = None) -> int:
         """Both operand tiles, once per stage; an NT y tile is laid out [K, columns] with rows
-        padded by K_MAJOR_PADDING words (see schedule._fetch_to_shared). No workload: the tiles alone."""
+        padded to K_MAJOR_PADDING words past a multiple of SHARED_BANKS (see
+        schedule._fetch_to_shared: 4 words past 64 columns, 28 past 8). No workload: the tiles alone."""
         nt = workload is not None and workload.kind == "batch_matmul" and workload.transpose_b
-        padding = K_MAJOR_PADDING if nt else 0
+        padding = (K_MAJOR_PADDING - self.block_n) % SHARED_BANKS if nt else 0
         return (self.block_m + self.block_n + padding) * self.tile_k * 4 * self.stages
 
 
