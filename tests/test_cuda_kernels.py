@@ -65,6 +65,17 @@ def test_space_respects_the_architecture_limits():
     assert all(k.shared_bytes(workload) <= 8 << 10 for k in space.space(small, workload))
 
 
+def test_two_stages_only_where_k_spans_enough_k_steps():
+    """A pipeline overlaps copies with FMAs only over several K steps: dense's K = 768
+    gets two stages at every K step, NT's K = 64 only at the smallest, K = 17 at none."""
+    def pipelined_k_steps(workload):
+        return {k.tile_k for k in space.space(GPU, workload) if k.stages == 2}
+
+    assert pipelined_k_steps(WORKLOADS[0]) == set(space.K_STEPS)
+    assert pipelined_k_steps(WORKLOADS[2]) == {64 // space.PIPELINED_STEPS}
+    assert pipelined_k_steps(WORKLOADS[1]) == set()
+
+
 @pytest.mark.parametrize("workload", WORKLOADS[:3], ids=lambda w: w.describe())
 def test_shared_memory_of_the_code_is_what_the_space_counted(workload):
     """The space's shared-memory estimate (with an NT tile's row padding) is the

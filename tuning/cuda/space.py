@@ -23,6 +23,7 @@ STAGES = (1, 2)          # shared-memory buffers per operand: 2 overlaps the nex
 REGISTER_OVERHEAD = 24  # addresses, loop counters and the fetch's temporaries, besides the tile
 K_MAJOR_PADDING = 4     # a tile laid out [K, columns] has rows of K_MAJOR_PADDING words modulo SHARED_BANKS
 SHARED_BANKS = 32       # 4-byte banks of shared memory
+PIPELINED_STEPS = 8     # two stages only where the largest K takes this many K steps (see space())
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -78,12 +79,15 @@ def _fits(kernel: GpuKernel, limits: GpuLimits, workload: Workload) -> bool:
 
 def space(limits: GpuLimits, workload: Workload, stages: tuple[int, ...] = STAGES) -> list[GpuKernel]:
     """Every GPU micro-kernel the limits admit for this workload (with these pipeline
-    depths); tiles more than twice as large as a dim's largest size would only compute padding."""
+    depths); tiles more than twice as large as a dim's largest size would only compute
+    padding, and a pipeline over fewer than PIPELINED_STEPS K steps hides little (its
+    first copy is never overlapped): on an H100, two stages changed no best kernel of
+    NT's space (K = 64) and only diluted its search."""
     kernels = []
     for bm, bn, tm, tn, bk, stages in itertools.product(BLOCK_SIZES, BLOCK_SIZES, THREAD_TILES, THREAD_TILES,
                                                         K_STEPS, stages):
         if bm % tm or bn % tn or bm > 2 * max(workload.m.hi, 8) or bn > 2 * max(workload.n.hi, 8) \
-                or bk > 2 * max(workload.k.hi, 8):
+                or bk > 2 * max(workload.k.hi, 8) or (stages > 1 and workload.k.hi < PIPELINED_STEPS * bk):
             continue
         kernel = GpuKernel(bm, bn, tm, tn, bk, stages)
         if _fits(kernel, limits, workload):
