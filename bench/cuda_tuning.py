@@ -241,12 +241,13 @@ def report_aot(run: pathlib.Path, chosen_from: pathlib.Path, name: str) -> list[
 
 
 def write_bundle(run: pathlib.Path, directory: pathlib.Path, trials: int, seed: int,
-                 finalists_run: pathlib.Path | None = None) -> dict:
-    """A CUDA bundle of the replayed trees and their kernels (with `finalists_run`: of the
-    trees fit at every T, every_t_dispatches), listing every T of 1..129 (129: past every
-    range, so cuBLAS alone) for bench/cuda_kernels.py to check and time."""
+                 finalists_run: pathlib.Path | None = None, stages: tuple[int, ...] = space.STAGES) -> dict:
+    """A CUDA bundle of the replayed trees (over the kernels of these pipeline depths) and
+    their kernels (with `finalists_run`: of the trees fit at every T, every_t_dispatches),
+    listing every T of 1..129 (129: past every range, so cuBLAS alone) for
+    bench/cuda_kernels.py to check and time."""
     if finalists_run is None:
-        chosen = [dispatch.build_dispatch(result) for result in replay(run, trials, seed)[2].values()]
+        chosen = [dispatch.build_dispatch(result) for result in replay(run, trials, seed, stages)[2].values()]
     else:
         chosen = every_t_dispatches(run, finalists_run, trials, seed)
     every = {workload.key(): shapes(workload, sizes, EVERY_T) for workload, sizes in WORKLOADS.values()}
@@ -303,8 +304,6 @@ def main() -> None:
     reporting.add_argument("--name", default="cuda_h200", help="file names under docs/results/")
     reporting.add_argument("--trials", type=int, default=search.SearchOptions.trials)
     reporting.add_argument("--seed", type=int, default=0)
-    reporting.add_argument("--stages", type=int, nargs="+", default=list(space.STAGES),
-                           help="pipeline depths of the space to search (1 alone: CUDA templates 2's space)")
     aot = commands.add_parser("aot", help="symbolic vs static builds of the chosen kernels, timed in rounds")
     aot.add_argument("run", type=pathlib.Path)
     aot.add_argument("--chosen-from", type=pathlib.Path, required=True, help="the report whose kernels were built")
@@ -315,6 +314,9 @@ def main() -> None:
     bundling.add_argument("--trials", type=int, default=search.SearchOptions.trials)
     bundling.add_argument("--finalists-run", type=pathlib.Path, help="the finalists' run at every T: the trees "
                           "are fit to it")
+    for searching in (reporting, bundling):
+        searching.add_argument("--stages", type=int, nargs="+", default=list(space.STAGES),
+                               help="pipeline depths of the space to search (1 alone: CUDA templates 2's space)")
     bundle_report = commands.add_parser("bundle-report", help="a bundle's run at every T")
     bundle_report.add_argument("run", type=pathlib.Path)
     bundle_report.add_argument("--name", default="cuda_h200_bundle")
@@ -328,7 +330,8 @@ def main() -> None:
     elif arguments.command == "aot":
         report_aot(arguments.run, arguments.chosen_from, arguments.name)
     elif arguments.command == "bundle":
-        manifest = write_bundle(arguments.run, arguments.directory, arguments.trials, 0, arguments.finalists_run)
+        manifest = write_bundle(arguments.run, arguments.directory, arguments.trials, 0, arguments.finalists_run,
+                                tuple(arguments.stages))
         print(sum(len(w["kernels"]) for w in manifest["workloads"]), "kernels in", arguments.directory)
     else:
         report_bundle(arguments.run, arguments.name)
