@@ -84,17 +84,13 @@ def cuda_source(workload: Workload, kernel: GpuKernel, symbol: str,
     return prelude, body, launch
 
 
-def _cuda_source_job(job: tuple) -> tuple[str, str, Launch]:
-    return cuda_source(*job)
-
-
 def cuda_sources(jobs: list[tuple[Workload, GpuKernel, str, dict[str, int] | None]]) -> list[tuple[str, str, Launch]]:
     """cuda_source of each (workload, kernel, symbol, dims), over every core for a large set
     (one TVM compile runs on one core: a whole space took 15 minutes on two, one at a time)."""
     if len(jobs) < _PARALLEL_FROM or (os.cpu_count() or 1) == 1:
         return [cuda_source(*job) for job in jobs]
     with concurrent.futures.ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_cuda_source_job, jobs, chunksize=8))
+        return list(pool.map(cuda_source, *zip(*jobs), chunksize=8))
 
 
 def merged_prelude(preludes: list[str]) -> str:
