@@ -143,10 +143,12 @@ def finalists(result: search.SearchResult) -> list[space.GpuKernel]:
     return sorted(picked)
 
 
-def every_t_dispatches(first_run: pathlib.Path, finalists_run: pathlib.Path, trials: int, seed: int) -> list:
+def every_t_dispatches(first_run: pathlib.Path, finalists_run: pathlib.Path, trials: int, seed: int,
+                       stages: tuple[int, ...] = space.STAGES) -> list:
     """Per workload, a tree fit to the finalists' record at every T of the range (the
-    search's picks measured at every shape, not only its samples)."""
-    target, _, results = replay(first_run, trials, seed)
+    search's picks over the kernels of these pipeline depths, measured at every shape,
+    not only its samples)."""
+    target, _, results = replay(first_run, trials, seed, stages)
     runner = RecordedRunner.load([w for w, _ in WORKLOADS.values()], finalists_run / "measurements.csv")
     chosen = []
     for label, (workload, sizes) in WORKLOADS.items():
@@ -249,7 +251,7 @@ def write_bundle(run: pathlib.Path, directory: pathlib.Path, trials: int, seed: 
     if finalists_run is None:
         chosen = [dispatch.build_dispatch(result) for result in replay(run, trials, seed, stages)[2].values()]
     else:
-        chosen = every_t_dispatches(run, finalists_run, trials, seed)
+        chosen = every_t_dispatches(run, finalists_run, trials, seed, stages)
     every = {workload.key(): shapes(workload, sizes, EVERY_T) for workload, sizes in WORKLOADS.values()}
     return build.write_bundle(chosen, directory, every)
 

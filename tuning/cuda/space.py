@@ -84,12 +84,12 @@ def space(limits: GpuLimits, workload: Workload, stages: tuple[int, ...] = STAGE
     first copy is never overlapped): on an H100, two stages sped up NT's best kernels
     (K = 64) by 1% at most and diluted its search."""
     kernels = []
-    for bm, bn, tm, tn, bk, stages in itertools.product(BLOCK_SIZES, BLOCK_SIZES, THREAD_TILES, THREAD_TILES,
-                                                        K_STEPS, stages):
+    for bm, bn, tm, tn, bk, depth in itertools.product(BLOCK_SIZES, BLOCK_SIZES, THREAD_TILES, THREAD_TILES,
+                                                       K_STEPS, stages):
         if bm % tm or bn % tn or bm > 2 * max(workload.m.hi, 8) or bn > 2 * max(workload.n.hi, 8) \
-                or bk > 2 * max(workload.k.hi, 8) or (stages > 1 and workload.k.hi < PIPELINED_STEPS * bk):
+                or bk > 2 * max(workload.k.hi, 8) or (depth > 1 and workload.k.hi < PIPELINED_STEPS * bk):
             continue
-        kernel = GpuKernel(bm, bn, tm, tn, bk, stages)
+        kernel = GpuKernel(bm, bn, tm, tn, bk, depth)
         if _fits(kernel, limits, workload):
             kernels.append(kernel)
     return kernels
