@@ -1,20 +1,15 @@
-"""Activations TF emits as several ops, recognised by expression shape.
-
-A pattern is a tree: (op, operand, ...) with X for the activation's input and
-floats for scalar constants; Mul and AddV2 match in either operand order. A
-match needs every node inside the tree to be read only by the tree, and X to
+"""Activations TF emits as several ops, recognised by expression shape
+(graph_rewrite.expression_patterns), X standing for the activation's input.
+A match needs every node inside the tree to be read only by the tree, and X to
 be read only by it too, since the fused op replaces them all.
 """
 
 import math
 
-import numpy as np
+from tf_dietcode.graph_rewrite.expression_patterns import Capture, matches, read_only_inside
+from tf_dietcode.graph_rewrite.graph_index import GraphIndex
 
-from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
-
-X = "X"
-COMMUTATIVE = {"Mul", "AddV2"}
-SAME_OP = {"AddV2": {"AddV2", "Add"}}
+X = Capture("x")
 
 # 0.5 x erfc(-x / sqrt 2): Keras' and tf.nn.gelu's exact form.
 GELU_EXACT = ("Mul", ("Mul", 0.5, X), ("Erfc", ("Mul", ("Neg", X), 1 / math.sqrt(2))))
@@ -23,28 +18,6 @@ GELU_TANH = ("Mul", ("Mul", 0.5, X),
              ("AddV2", 1.0, ("Tanh", ("Mul", math.sqrt(2 / math.pi), ("AddV2", X, ("Mul", 0.044715, ("Pow", X, 3.0)))))))
 PATTERNS = {"gelu": GELU_EXACT, "gelu_tanh": GELU_TANH}
 _DEPTH = 7  # the deepest pattern's height
-
-
-def _matches(index: GraphIndex, tensor: str, pattern, x: str, nodes: set) -> bool:
-    if pattern == X:
-        return tensor == x
-    if isinstance(pattern, float):
-        value = index.value(tensor)
-        return value is not None and np.size(value) == 1 and np.isclose(float(value), pattern, rtol=1e-6)
-    node = index.producer(tensor)
-    op, *operands = pattern
-    if node.op not in SAME_OP.get(op, {op}):
-        return False
-    inputs = [tensor_name(i) for i in node.input if not i.startswith("^")]
-    if len(inputs) != len(operands):
-        return False
-    orders = [inputs, inputs[::-1]] if op in COMMUTATIVE else [inputs]
-    for order in orders:
-        found: set = set()
-        if all(_matches(index, t, p, x, found) for t, p in zip(order, operands)):
-            nodes |= found | {node.name}
-            return True
-    return False
 
 
 def _downstream(index: GraphIndex, x: str) -> list:
@@ -63,10 +36,7 @@ def match(index: GraphIndex, x: str) -> tuple[str, str] | None:
         for name, pattern in PATTERNS.items():
             nodes: set = set()
             output = f"{root.name}:0"
-            if not _matches(index, output, pattern, x, nodes):
-                continue
-            readers = {reader for t in [x, *(f"{n}:0" for n in nodes - {root.name})]
-                       for reader in index.consumers.get(t, [])}
-            if readers <= nodes:
+            if matches(index, output, pattern, {X.name: x}, nodes) and read_only_inside(index, nodes, root.name,
+                                                                                         also=(x,)):
                 return name, output
     return None

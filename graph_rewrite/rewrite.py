@@ -15,6 +15,7 @@ from tf_dietcode.graph_rewrite.attention_patterns import AttentionMatch
 from tf_dietcode.graph_rewrite.dense_patterns import DenseMatch
 from tf_dietcode.graph_rewrite.horizontal_fusion import DenseGroup
 from tf_dietcode.graph_rewrite.graph_index import node_name, tensor_name
+from tf_dietcode.graph_rewrite.layer_norm_patterns import LayerNormMatch
 
 BUNDLE_PLACEHOLDER = "dietcode/bundle"
 
@@ -93,6 +94,15 @@ def attention_replacement(match: AttentionMatch) -> tf.compat.v1.GraphDef:
             ops.fused_batch_matmul_add(x, y, tf.compat.v1.placeholder(tf.float32, name="addend"), **options)
         else:
             ops.fused_batch_matmul_transpose(x, y, match.perm, **options)
+    return _scratch_graph(build)
+
+
+def layer_norm_replacement(match: LayerNormMatch) -> tf.compat.v1.GraphDef:
+    """One DietcodeLayerNorm over x's last axis; placeholders x, gamma and beta (the graph's
+    [1, ..., 1, depth] tensors, read as [depth])."""
+    def build():
+        x, gamma, beta = (tf.compat.v1.placeholder(tf.float32, name=name) for name in ("x", "gamma", "beta"))
+        ops.layer_norm(x, tf.reshape(gamma, [-1]), tf.reshape(beta, [-1]), epsilon=match.epsilon, name="out_0")
     return _scratch_graph(build)
 
 

@@ -130,7 +130,8 @@ ENCODER_RANGES = {"x": [(1, 2), (1, 12), 32]}
 
 
 def encoder_block():
-    """Dense (exact GELU) on 3-D input, Dense, MultiHeadAttention, Dense (relu) on 2-D input."""
+    """Dense (exact GELU) on 3-D input, Dense, MultiHeadAttention, residual add and LayerNormalization,
+    Dense (relu) on 2-D input."""
     import keras
 
     keras.utils.set_random_seed(0)
@@ -138,7 +139,8 @@ def encoder_block():
     hidden = keras.layers.Dense(64, activation="gelu")(inputs)
     hidden = keras.layers.Dense(32)(hidden)
     attended = keras.layers.MultiHeadAttention(num_heads=2, key_dim=16)(hidden, hidden)
-    outputs = keras.layers.Dense(8, activation="relu")(attended[:, 0])
+    normed = keras.layers.LayerNormalization()(hidden + attended)
+    outputs = keras.layers.Dense(8, activation="relu")(normed[:, 0])
     return keras.Model(inputs, outputs)
 
 

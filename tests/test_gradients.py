@@ -38,6 +38,9 @@ CASES = {
         lambda x, y: ops.fused_batch_matmul_transpose(x, y, [0, 2, 1, 3], adj_x=True),
         lambda x, y: reference.fused_batch_matmul_transpose(x, y, perm=[0, 2, 1, 3], adj_x=True),
         [(2, 3, 4, 5), (1, 3, 4, 2)]),
+    "layer_norm": (lambda x, gamma, beta: ops.layer_norm(x, gamma, beta, epsilon=0.01),
+                   lambda x, gamma, beta: reference.layer_norm(x, gamma, beta, epsilon=0.01),
+                   [(2, 3, 5), (5,), (5,)]),
 }
 
 

@@ -47,3 +47,9 @@ def _fused_batch_matmul_transpose_gradient(op, grad):
     grads = _vjp(lambda x, y: reference.fused_batch_matmul_transpose(x, y, **attrs),
                  list(op.inputs[:2]), grad)
     return [*grads, None]
+
+
+@tf.RegisterGradient("DietcodeLayerNorm")
+def _layer_norm_gradient(op, grad):
+    epsilon = op.get_attr("epsilon")
+    return _vjp(lambda x, gamma, beta: reference.layer_norm(x, gamma, beta, epsilon=epsilon), list(op.inputs), grad)

@@ -86,6 +86,14 @@ def fused_batch_matmul_transpose(x: TensorLike, y: TensorLike, perm: Sequence[in
         name=name, **_batch_options(x_perm, y_perm, adj_x, adj_y, alpha))
 
 
+def layer_norm(x: TensorLike, gamma: TensorLike, beta: TensorLike, *, epsilon: float = 1e-3,
+               name: str | None = None) -> tf.Tensor:
+    """(x - mean) * rsqrt(variance + epsilon) * gamma + beta over x's last axis, gamma and beta
+    [depth]: Keras' LayerNormalization in one op instead of a dozen."""
+    return load_op_library().dietcode_layer_norm(x=_float32(x, "x"), gamma=_float32(gamma, "gamma"),
+                                                 beta=_float32(beta, "beta"), epsilon=epsilon, name=name)
+
+
 def bundle_stats(bundle: str) -> dict:
     """How this process uses a kernel bundle: "problem" (why it is not used,
     "" when it is), calls per tuned kernel of each workload, generic calls, and

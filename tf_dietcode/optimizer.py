@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from tf_dietcode import serving_warmup
 from tf_dietcode.atomic_output import atomic_directory
-from tf_dietcode.graph_rewrite import (attention_patterns, dense_patterns, horizontal_fusion, rewrite, shape_ranges,
-                                       signature_graph)
+from tf_dietcode.graph_rewrite import (attention_patterns, dense_patterns, horizontal_fusion, layer_norm_patterns,
+                                       rewrite, shape_ranges, signature_graph)
 from tf_dietcode.graph_rewrite.graph_index import GraphIndex
 from tf_dietcode.graph_rewrite.symbolic_shapes import SymbolicShapes
 from tf_dietcode.op_library import load_op_library
@@ -52,8 +52,8 @@ class Report:
                       for name, dims in inputs.items()]
         lines += [f"note: {note}" for note in self.notes]
         lines.append("patterns (found / fused):")
-        lines += [f"  {form if form.startswith('attention') else f'dense ({form})'}: {count} / {self.fused[form]}"
-                  for form, count in sorted(self.found.items())]
+        lines += [f"  {form if form.startswith(('attention', layer_norm_patterns.FORM)) else f'dense ({form})'}: "
+                  f"{count} / {self.fused[form]}" for form, count in sorted(self.found.items())]
         lines += [f"  left alone: {p.form} {p.node}: {p.reason}" for p in self.left_alone]
         lines.append("horizontal fusion: {} GEMMs sharing an input merged into {}".format(*self.merged)
                      if self.horizontal_fusion else "horizontal fusion: off (horizontal_fusion=True or "
@@ -140,7 +140,7 @@ class Converter:
         variables = signature_graph.variables_of(self.loaded)
         self.graphs = [signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys]
         self._computations = {graph.key: _computation(graph) for graph in self.graphs}
-        self.dense_layers, self.attention, self.ranges, self._indexes = {}, {}, {}, {}
+        self.dense_layers, self.attention, self.layer_norms, self.ranges, self._indexes = {}, {}, {}, {}, {}
         notes, left, found = [], [], collections.Counter()
         for graph in self.graphs:
             captured = {name: variables[id(t)].numpy() for name, t in graph.captures.items() if id(t) in variables}
@@ -149,9 +149,11 @@ class Converter:
             self.dense_layers[graph.key] = horizontal_fusion.group(matches, self.horizontal_fusion)
             left += left_alone
             self.attention[graph.key] = attention_patterns.find(index)
-            found.update(m.form for m in [*matches, *self.attention[graph.key]])
             provisional, _ = shape_ranges.resolve(graph.input_specs, self.shape_ranges)
-            maxima = SymbolicShapes(index, graph.input_tensors, provisional).declared_maxima()
+            shapes = SymbolicShapes(index, graph.input_tensors, provisional)
+            self.layer_norms[graph.key] = layer_norm_patterns.find(index, shapes.shape)
+            found.update(m.form for m in [*matches, *self.attention[graph.key], *self.layer_norms[graph.key]])
+            maxima = shapes.declared_maxima()
             self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges, maxima)
             notes += [f"{graph.key}: {note}" for note in graph_notes]
         self._variables = variables
@@ -299,7 +301,7 @@ class Converter:
                                                                input_signature=specs).get_concrete_function()
             self._signatures[graph.key] = rewritten_functions[computation]
             self.report.fused.update(m.form for layer in self.dense_layers[graph.key] for m in layer.members)
-            self.report.fused.update(m.form for m in self.attention[graph.key])
+            self.report.fused.update(m.form for m in [*self.attention[graph.key], *self.layer_norms[graph.key]])
         return module
 
     def _rewrite(self, graph: signature_graph.SignatureGraph, module: tf.Module) -> signature_graph.SignatureGraph:
@@ -332,6 +334,9 @@ class Converter:
         for i, match in enumerate(attention_matches):
             splice([match], rewrite.attention_replacement(match),
                    {"x": match.x, "y": match.y, "addend": match.addend, "bundle": bundle}, f"dietcode/attention_{i}")
+        for i, match in enumerate(self.layer_norms[graph.key]):
+            splice([match], rewrite.layer_norm_replacement(match),
+                   {"x": match.x, "gamma": match.gamma, "beta": match.beta}, f"dietcode/layer_norm_{i}")
         return signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, outputs,
                                               captures, graph_def)
 

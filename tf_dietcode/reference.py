@@ -57,3 +57,9 @@ def fused_batch_matmul_add(x, y, addend, *, adj_x=False, adj_y=False, alpha=1.0,
 
 def fused_batch_matmul_transpose(x, y, *, perm, adj_x=False, adj_y=False, alpha=1.0, x_perm=None, y_perm=None):
     return tf.transpose(_scaled_product(x, y, adj_x, adj_y, alpha, x_perm, y_perm), perm)
+
+
+def layer_norm(x, gamma, beta, *, epsilon=1e-3):
+    """Keras' LayerNormalization over the last axis."""
+    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+    return (x - mean) * tf.math.rsqrt(variance + epsilon) * gamma + beta

@@ -1,0 +1,108 @@
+"""Layer normalization as TF runs it: a dozen ops over the last axis.
+
+Keras 3's LayerNormalization (TF backend) and tf.nn.batch_normalization over
+tf.nn.moments both compute
+
+    inv = rsqrt(mean((x - mean(x))^2) + epsilon) * gamma
+    y = x * inv + (beta - mean(x) * inv)
+
+Keras writes the second term as -mean * inv + beta, tf.nn as beta - mean *
+inv; tf.nn.moments stops the mean's gradient, a hand-written one may not.
+Each form is matched as an expression tree (graph_rewrite.expression_patterns)
+and replaced by one DietcodeLayerNorm when the reduction is over the last
+axis with kept dims, epsilon is a scalar constant and gamma and beta vary
+along the last axis only (read at run time: they stay variables).
+"""
+
+import dataclasses
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+
+from tf_dietcode.graph_rewrite.expression_patterns import Capture, matches, read_only_inside
+from tf_dietcode.graph_rewrite.graph_index import GraphIndex
+
+FORM = "layer norm"
+X, GAMMA, BETA, EPSILON = Capture("x"), Capture("gamma"), Capture("beta"), Capture("epsilon")
+AXES = (Capture("mean_axes"), Capture("variance_axes"))
+
+
+def _tree(keras_offset: bool, stop_gradient: bool) -> tuple:
+    mean = ("Mean", X, AXES[0])
+    centred_mean = ("StopGradient", mean) if stop_gradient else mean
+    variance = ("Mean", ("SquaredDifference", X, centred_mean), AXES[1])
+    inv = ("Mul", ("Rsqrt", ("AddV2", variance, EPSILON)), GAMMA)
+    offset = ("AddV2", ("Mul", ("Neg", mean), inv), BETA) if keras_offset else ("Sub", BETA, ("Mul", mean, inv))
+    return "AddV2", ("Mul", X, inv), offset
+
+
+PATTERNS = [_tree(*flags) for flags in itertools.product((True, False), repeat=2)]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerNormMatch:
+    x: str
+    gamma: str        # shaped [1, ..., 1, depth] (Keras reshapes its [depth] variable)
+    beta: str
+    epsilon: float
+    output: str
+    form: str = FORM
+
+
+def find(index: GraphIndex, shape_of: Callable[[str], tuple | None]) -> list[LayerNormMatch]:
+    """Every layer norm in the graph whose intermediate results nothing else reads; shape_of
+    gives a tensor's dims (ints, symbolic dims or None; None where even the rank is unknown)."""
+    found = []
+    for node in index.nodes.values():
+        if node.op in ("AddV2", "Add"):
+            match = _match(index, shape_of, f"{node.name}:0")
+            if match is not None:
+                found.append(match)
+    return found
+
+
+def _match(index: GraphIndex, shape_of, output: str) -> LayerNormMatch | None:
+    for pattern in PATTERNS:
+        captured, nodes = {}, set()
+        if not matches(index, output, pattern, captured, nodes):
+            continue
+        if read_only_inside(index, nodes, index.producer(output).name) and _normalizes_last_axis(
+                index, shape_of, captured, nodes):
+            return LayerNormMatch(captured[X.name], captured[GAMMA.name], captured[BETA.name],
+                                  float(np.ravel(index.value(captured[EPSILON.name]))[0]), output)
+    return None
+
+
+def _normalizes_last_axis(index: GraphIndex, shape_of, captured: dict[str, str], nodes: set) -> bool:
+    """The means reduce x's last axis only and keep it; epsilon is a scalar constant; gamma and
+    beta are [1, ..., 1, depth], depth being x's last dim (so the output is x's shape)."""
+    shape = shape_of(captured[X.name])
+    if not shape:
+        return False
+    rank, depth = len(shape), shape[-1]
+    epsilon = index.value(captured[EPSILON.name])
+    if epsilon is None or np.size(epsilon) != 1:
+        return False
+    for axes in AXES:
+        value = index.value(captured[axes.name])
+        if value is None or np.size(value) != 1 or int(np.ravel(value)[0]) % rank != rank - 1:
+            return False
+    if not all(index.nodes[n].attr["keep_dims"].b for n in nodes if index.nodes[n].op == "Mean"):
+        return False
+    for vector in (GAMMA, BETA):
+        vector_shape = _known_shape(index, captured[vector.name])
+        if (not vector_shape or len(vector_shape) > rank or vector_shape[-1] != depth
+                or any(d != 1 for d in vector_shape[:-1])):
+            return False
+    return True
+
+
+def _known_shape(index: GraphIndex, tensor: str) -> list[int] | None:
+    """The tensor's static shape, or, where shape inference lost it (a variable read in a
+    function body), the shape of the value it holds at optimize time."""
+    shape = index.shape(tensor)
+    if shape is not None and None not in shape:
+        return shape
+    value = index.value(tensor)
+    return None if value is None else list(np.shape(value))
