@@ -88,12 +88,14 @@ def onednn_off_worker(saved_model: pathlib.Path, cells: list[tuple[int, int]], q
 
 
 def optimize(original: pathlib.Path, optimized: pathlib.Path, batches: list[int], quick: bool,
-             out: pathlib.Path, horizontal_fusion: bool) -> None:
+             out: pathlib.Path, **passes: bool) -> None:
+    """optimize() for batches x T 1..max_length from out's tuning database; `passes`: its switches
+    (horizontal_fusion, layer_norm_fusion)."""
     started = time.perf_counter()
     result = tf_dietcode.optimize(original, optimized,
                                   shape_ranges={"input_ids": [(min(batches), max(batches)), (1, MODEL.max_length)]},
-                                  tuning=cli.search_options(quick), horizontal_fusion=horizontal_fusion,
-                                  database=Database(out / "tuning.jsonl"), overwrite=True)
+                                  tuning=cli.search_options(quick), database=Database(out / "tuning.jsonl"),
+                                  overwrite=True, **passes)
     print(result.summary())
     print(f"optimize() took {time.perf_counter() - started:.0f} s")
 

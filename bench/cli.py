@@ -7,11 +7,12 @@ import pathlib
 from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS
 
 
-def parser(description: str, default_out: str, quick_help: str) -> argparse.ArgumentParser:
-    """A parser with --quick and --out; benchmarks add their own arguments."""
+def parser(description: str, default_out: str | None, quick_help: str) -> argparse.ArgumentParser:
+    """A parser with --quick and --out (default_out None: the benchmark picks it from other arguments);
+    benchmarks add their own arguments."""
     result = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     result.add_argument("--quick", action="store_true", help=quick_help)
-    result.add_argument("--out", type=pathlib.Path, default=pathlib.Path(default_out))
+    result.add_argument("--out", type=pathlib.Path, default=None if default_out is None else pathlib.Path(default_out))
     return result
 
 

@@ -48,15 +48,17 @@ def _save(model, path):
         tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
 
 
-@pytest.mark.parametrize("model, fused", [
-    (lambda: _keras_model(-1), 1), (lambda: _keras_model(2), 1), (lambda: Norms("moments"), 1),
-    (lambda: Norms("by hand"), 1),
-    (lambda: Norms("moments", axis=1), 0),          # normalised over time, not the last axis
-    (lambda: Norms("moments", extra=True), 0),      # the variance is an output too
+@pytest.mark.parametrize("model, fused, switch", [
+    (lambda: _keras_model(-1), 1, True), (lambda: _keras_model(2), 1, True), (lambda: Norms("moments"), 1, True),
+    (lambda: Norms("by hand"), 1, True),
+    (lambda: _keras_model(-1), 0, False),                 # layer_norm_fusion=False
+    (lambda: Norms("moments", axis=1), 0, True),          # normalised over time, not the last axis
+    (lambda: Norms("moments", extra=True), 0, True),      # the variance is an output too
 ])
-def test_layer_norms_are_fused_where_they_can_be(tmp_path, rng, model, fused):
+def test_layer_norms_are_fused_where_they_can_be(tmp_path, rng, model, fused, switch):
     _save(model(), tmp_path / "original")
-    report = tf_dietcode.optimize(tmp_path / "original", tmp_path / "optimized", shape_ranges=RANGES)
+    report = tf_dietcode.optimize(tmp_path / "original", tmp_path / "optimized", shape_ranges=RANGES,
+                                  layer_norm_fusion=switch)
     signatures = len(report.signatures)
     assert report.found["layer norm"] == report.fused["layer norm"] == fused * signatures
     original, optimized = (tf.saved_model.load(str(tmp_path / name)) for name in ("original", "optimized"))

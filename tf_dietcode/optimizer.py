@@ -117,12 +117,13 @@ class Converter:
     def __init__(self, input_saved_model_dir: str | pathlib.Path, *, tags=("serve",),
                  signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
                  tuning: search.SearchOptions = search.SearchOptions(), database=None,
-                 horizontal_fusion: bool = False):
+                 horizontal_fusion: bool = False, layer_norm_fusion: bool = True):
         self.input_dir = pathlib.Path(input_saved_model_dir)
         if not tf.saved_model.contains_saved_model(str(self.input_dir)):
             raise ValueError(f"{self.input_dir} is not a SavedModel directory")
         self.tags, self.signature_keys, self.shape_ranges = list(tags), signature_keys, shape_ranges
         self.tuning, self.database, self.horizontal_fusion = tuning, database, horizontal_fusion
+        self.layer_norm_fusion = layer_norm_fusion
         self._converted = self._built = False
         self._bundle_dir: pathlib.Path | None = None
 
@@ -151,7 +152,7 @@ class Converter:
             self.attention[graph.key] = attention_patterns.find(index)
             provisional, _ = shape_ranges.resolve(graph.input_specs, self.shape_ranges)
             shapes = SymbolicShapes(index, graph.input_tensors, provisional)
-            self.layer_norms[graph.key] = layer_norm_patterns.find(index, shapes.shape)
+            self.layer_norms[graph.key] = layer_norm_patterns.find(index, shapes.shape) if self.layer_norm_fusion else []
             found.update(m.form for m in [*matches, *self.attention[graph.key], *self.layer_norms[graph.key]])
             maxima = shapes.declared_maxima()
             self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges, maxima)
@@ -357,15 +358,18 @@ class Converter:
 def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: str | pathlib.Path, *,
              tags=("serve",), signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
              input_fn=None, tuning: search.SearchOptions = search.SearchOptions(), database=None,
-             horizontal_fusion: bool = False, overwrite: bool = False) -> Report:
+             horizontal_fusion: bool = False, layer_norm_fusion: bool = True, overwrite: bool = False) -> Report:
     """Optimizes a SavedModel for the given shape ranges (or representative inputs); returns the report.
 
     horizontal_fusion: dense layers that read the same input (attention's query, key and value
     projections) run as one GEMM over their concatenated weights. Off by default: on BERT-base
     with quick tuning it was slower at batch 1 (see docs/decisions.md).
+
+    layer_norm_fusion: each layer norm TF runs as a dozen ops (Keras' LayerNormalization,
+    tf.nn.batch_normalization over tf.nn.moments) runs as one DietcodeLayerNorm.
     """
     converter = Converter(input_saved_model_dir, tags=tags, signature_keys=signature_keys,
                           shape_ranges=shape_ranges, tuning=tuning, database=database,
-                          horizontal_fusion=horizontal_fusion)
+                          horizontal_fusion=horizontal_fusion, layer_norm_fusion=layer_norm_fusion)
     converter.convert().build(input_fn)
     return converter.save(output_saved_model_dir, overwrite=overwrite)
