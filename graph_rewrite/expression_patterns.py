@@ -27,9 +27,7 @@ def matches(index: GraphIndex, tensor: str, pattern, captured: dict[str, str], n
     (name -> tensor) and `nodes` the names of the nodes inside the tree; on none, both are
     left as they were."""
     if isinstance(pattern, Capture):
-        if captured.setdefault(pattern.name, tensor) != tensor:
-            return False
-        return True
+        return captured.setdefault(pattern.name, tensor) == tensor
     if isinstance(pattern, float):
         value = index.value(tensor)
         return value is not None and np.size(value) == 1 and np.isclose(float(value), pattern, rtol=1e-6)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tf_dietcode.graph_rewrite.expression_patterns import Capture, matches, read_only_inside
+from tf_dietcode.graph_rewrite.expression_patterns import SAME_OP, Capture, matches, read_only_inside
 from tf_dietcode.graph_rewrite.graph_index import GraphIndex
 
 FORM = "layer norm"
@@ -55,7 +55,7 @@ def find(index: GraphIndex, shape_of: Callable[[str], tuple | None]) -> list[Lay
     gives a tensor's dims (ints, symbolic dims or None; None where even the rank is unknown)."""
     found = []
     for node in index.nodes.values():
-        if node.op in ("AddV2", "Add"):
+        if node.op in SAME_OP["AddV2"]:  # every tree's root
             match = _match(index, shape_of, f"{node.name}:0")
             if match is not None:
                 found.append(match)
@@ -67,35 +67,35 @@ def _match(index: GraphIndex, shape_of, output: str) -> LayerNormMatch | None:
         captured, nodes = {}, set()
         if not matches(index, output, pattern, captured, nodes):
             continue
-        if read_only_inside(index, nodes, index.producer(output).name) and _normalizes_last_axis(
-                index, shape_of, captured, nodes):
-            return LayerNormMatch(captured[X.name], captured[GAMMA.name], captured[BETA.name],
-                                  float(np.ravel(index.value(captured[EPSILON.name]))[0]), output)
+        epsilon = _last_axis_epsilon(index, shape_of, captured, nodes)
+        if epsilon is not None and read_only_inside(index, nodes, index.producer(output).name):
+            return LayerNormMatch(captured[X.name], captured[GAMMA.name], captured[BETA.name], epsilon, output)
     return None
 
 
-def _normalizes_last_axis(index: GraphIndex, shape_of, captured: dict[str, str], nodes: set) -> bool:
-    """The means reduce x's last axis only and keep it; epsilon is a scalar constant; gamma and
-    beta are [1, ..., 1, depth], depth being x's last dim (so the output is x's shape)."""
+def _last_axis_epsilon(index: GraphIndex, shape_of, captured: dict[str, str], nodes: set) -> float | None:
+    """Epsilon where the means reduce x's last axis only and keep it, epsilon is a scalar constant,
+    and gamma and beta are [1, ..., 1, depth], depth being x's last dim (so the output is x's
+    shape); else None."""
     shape = shape_of(captured[X.name])
     if not shape:
-        return False
+        return None
     rank, depth = len(shape), shape[-1]
     epsilon = index.value(captured[EPSILON.name])
     if epsilon is None or np.size(epsilon) != 1:
-        return False
+        return None
     for axes in AXES:
         value = index.value(captured[axes.name])
         if value is None or np.size(value) != 1 or int(np.ravel(value)[0]) % rank != rank - 1:
-            return False
+            return None
     if not all(index.nodes[n].attr["keep_dims"].b for n in nodes if index.nodes[n].op == "Mean"):
-        return False
+        return None
     for vector in (GAMMA, BETA):
         vector_shape = _known_shape(index, captured[vector.name])
         if (not vector_shape or len(vector_shape) > rank or vector_shape[-1] != depth
                 or any(d != 1 for d in vector_shape[:-1])):
-            return False
-    return True
+            return None
+    return float(np.ravel(epsilon)[0])
 
 
 def _known_shape(index: GraphIndex, tensor: str) -> list[int] | None:
