@@ -128,9 +128,11 @@ def cublas_call(workload: dict, t: dict):
 
 
 def kernel_call(driver: Driver, function, launch: dict, dims: dict, t: dict):
-    values = []
+    values, alignment = [], launch.get("alignment", 4)
     for name, kind in launch["params"]:
         if kind == "pointer":
+            if t[name].data_ptr() % alignment:
+                raise ValueError(f"{launch['symbol']}: {name} is not {alignment}-byte aligned, as its copies need")
             values.append(ctypes.c_void_p(t[name].data_ptr()))
         else:
             values.append(_SCALARS[kind](t[name] if name in t else dims[name.lower()]))

@@ -128,6 +128,27 @@ def test_pipelined_kernel_copies_the_next_k_step_asynchronously(workload):
     assert not re.search(r"_shared_ptr\[[^]]*\] = \w+_ptr\[", pipelined)  # no synchronous global-to-shared copy
 
 
+@pytest.mark.parametrize("workload, wide", [
+    (WORKLOADS[0], {"x", "w"}),  # K and N static, multiples of 4
+    (WORKLOADS[1], {"w"}),       # K = 17: a vector of x would straddle rows; N = 40 pads by whole vectors
+    (WORKLOADS[2], {"x"}),       # NT's y is transposed into its tile
+    (WORKLOADS[3], {"y"}),       # NN's K is dynamic: x's rows have any stride
+], ids=lambda v: v.describe() if isinstance(v, Workload) else "")
+def test_pipelined_copies_move_16_bytes_where_the_layout_allows(workload, wide):
+    """cp.async copies 16 bytes at once where every vector is one aligned piece of a row
+    under one pad condition, 4 elsewhere; the launch rule asks for pointers aligned to
+    what the copies need. One-stage kernels copy 4 bytes at a time, as before."""
+    kernel = space.GpuKernel(32, 32, 2, 2, 8, stages=2)
+    _, body, launch = build.cuda_source(workload, kernel, "k")
+    copies = set(re.findall(r"ptx_cp_async_legacy_(?:pred_)?c[ag]_(\d+)_\d+_\d+\(([a-z])_", body))
+    operands = {"x", "w" if workload.kind == "dense" else "y"}
+    assert copies == {("16" if o in wide else "4", o) for o in operands}
+    assert {o for o in operands if schedule.vector_width(workload, o, kernel) == schedule.VECTOR} == wide
+    assert launch.alignment == 16
+    _, single, launch = build.cuda_source(workload, dataclasses.replace(kernel, stages=1), "k")
+    assert "float4" not in single and launch.alignment == 4
+
+
 def test_nt_y_tile_runs_along_columns_in_shared_memory():
     """NT's y is stored [.., N, K]; its shared tile is [K, N + 4] so a warp's reads, which run
     along N, hit consecutive words, and the transposing stores spread over the banks."""

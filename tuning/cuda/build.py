@@ -47,6 +47,7 @@ class Launch:
     params: tuple[tuple[str, str], ...]   # (name, "pointer" | "int32" | "int64" | "float32"), in order
     block: tuple[int, int, int]
     grid: tuple[tuple[str, int], ...]     # per grid axis x, y, z: (dim, tile): ceil(dims[dim] / tile)
+    alignment: int = 4                    # bytes every pointer must be aligned to (16-byte copies need 16)
 
     def grid_at(self, dims: dict[str, int]) -> tuple[int, ...]:
         return tuple(-(-dims[d] // tile) for d, tile in self.grid)
@@ -79,8 +80,10 @@ def cuda_source(workload: Workload, kernel: GpuKernel, symbol: str,
     threads_x, threads_y = kernel.threads
     if int(threads) != threads_x * threads_y:
         raise RuntimeError(f"{kernel.name}: TVM bound {threads} threads, the kernel has {threads_x * threads_y}")
+    operands = ("x", "w" if workload.kind == "dense" else "y")
     launch = Launch(symbol, tuple(parsed), (threads_x, threads_y, 1),
-                    (("n", kernel.block_n), ("m", kernel.block_m), ("b", 1)))
+                    (("n", kernel.block_n), ("m", kernel.block_m), ("b", 1)),
+                    4 * max(schedule.vector_width(workload, operand, kernel) for operand in operands))
     return prelude, body, launch
 
 

@@ -25,6 +25,7 @@ from tf_dietcode.tuning.cuda.space import GpuKernel
 from tf_dietcode.tuning.templates import activation, dim, optional_block
 from tf_dietcode.tuning.workload import Workload
 
+VECTOR = 4  # floats per 16-byte copy (cp.async and ld.global move at most 16 bytes)
 ACCUMULATE = "acc"
 WRITE_BACK = "out"
 LOOPS_TO_K_OUTER = 6  # batch, block row, block column, thread row, thread column, K step
@@ -52,9 +53,31 @@ def prim_func(workload: Workload, dims: dict[str, int] | None = None) -> tirx.Pr
     return te.create_prim_func([x, y, *([addend] if addend is not None else []), alpha, out])
 
 
-def _fetch_to_shared(sch: s_tir.Schedule, fetch, k_outer, kernel: GpuKernel, k_major: bool = False) -> None:
+def vector_width(workload: Workload, operand: str, kernel: GpuKernel) -> int:
+    """Floats per copy when fetching `operand`'s tile. VECTOR for a pipelined kernel's
+    cp.async copies wherever every vector is 16 aligned bytes of one row under one pad
+    condition: the operand's innermost dim is static and a multiple of VECTOR (so are
+    its row strides and any padding boundary; the base pointer must be 16-byte aligned,
+    as TF's and torch's buffers are) and so is the tile's width along it. Else 1:
+    - NT's y is transposed into its tile, so a vector of its K would land in four rows;
+    - a one-stage kernel's copies pass through registers, and 16-byte ones gained
+      nothing there on an H200 (0.96-1.04x geomean per workload, 0.79x at worst),
+      where the cp.async ones ran 1.31-1.42x (docs/decisions.md, "CUDA").
+    Decided from the workload and kernel alone, never from fixed dims, so a symbolic
+    kernel and its static builds fetch alike."""
+    if kernel.stages == 1 or (operand == "y" and workload.transpose_b):
+        return 1
+    inner, width = ("k", kernel.tile_k) if operand == "x" else ("n", kernel.block_n)
+    size = getattr(workload, inner)
+    return VECTOR if size.static and size.lo % VECTOR == 0 and width % VECTOR == 0 else 1
+
+
+def _fetch_to_shared(sch: s_tir.Schedule, fetch, k_outer, kernel: GpuKernel, vector: int,
+                     k_major: bool = False) -> None:
     """Stage an operand tile in shared memory once per K step, every thread of the
-    block copying a strided share (consecutive threads read consecutive addresses).
+    block copying a strided share (consecutive threads read consecutive addresses),
+    `vector` floats at a time (vector_width): a kernel with a few warps per SM is bound
+    by its instruction stream, and 16-byte copies issue a quarter of the fetch's.
     `k_major`: an operand stored [.., column, K]
     (NT's y) is laid out [K, column] in the tile, so that the threads of a warp, which
     run along columns, read consecutive words (stored as it comes, a tile_k-word
@@ -69,9 +92,10 @@ def _fetch_to_shared(sch: s_tir.Schedule, fetch, k_outer, kernel: GpuKernel, k_m
         sch.storage_align(fetch, 0, axis=1, factor=space.SHARED_BANKS, offset=space.K_MAJOR_PADDING)
     threads_x, threads_y = kernel.threads
     axes = sch.get_loops(fetch)[LOOPS_TO_K_OUTER:]
-    _, ty, tx = sch.split(sch.fuse(*axes), [None, threads_y, threads_x])
+    _, ty, tx, lanes = sch.split(sch.fuse(*axes), [None, threads_y, threads_x, vector])
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
+    sch.vectorize(lanes)
 
 
 def schedule(workload: Workload, kernel: GpuKernel, dims: dict[str, int] | None = None) -> tvm.IRModule:
@@ -98,7 +122,8 @@ def schedule(workload: Workload, kernel: GpuKernel, dims: dict[str, int] | None 
         fetch = optional_block(sch, f"{name}_pad")
         if fetch is None:  # nothing padded: a plain copy
             fetch = sch.cache_read(acc, index, "shared")
-        _fetch_to_shared(sch, fetch, k_outer, kernel, k_major=name == "y" and workload.transpose_b)
+        _fetch_to_shared(sch, fetch, k_outer, kernel, vector_width(workload, name, kernel),
+                         k_major=name == "y" and workload.transpose_b)
     sch.decompose_reduction(acc, k_outer)
     for loop in (k_inner, i_tile, j_tile):
         sch.unroll(loop)

@@ -15,8 +15,9 @@ from tf_dietcode.tuning.cuda.limits import GpuLimits
 from tf_dietcode.tuning.cuda.space import GpuKernel
 
 # Bumped whenever the generated CUDA code changes, so measurements of older kernels are not reused
-# (2: NT's y tile laid out [K, columns] in shared memory; 3: pipelined kernels, two shared buffers).
-CUDA_TEMPLATES_VERSION = 3
+# (2: NT's y tile laid out [K, columns] in shared memory; 3: pipelined kernels, two shared buffers;
+# 4: their cp.async copies 16 bytes at a time where the layout allows).
+CUDA_TEMPLATES_VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True)
