@@ -7,6 +7,7 @@
     python -m bench.cuda_tuning build DIR --chosen-from docs/results/cuda_h200.csv --chosen-only
     python3 bench/cuda_kernels.py DIR OUT 7    # the chosen kernels, symbolic and static, in 7 rounds
     python -m bench.cuda_tuning aot OUT --chosen-from docs/results/cuda_h200.csv
+    python -m bench.cuda_tuning compare OUT_BEFORE OUT_AFTER --name NAME   # a template change, same kernels
     python -m bench.cuda_tuning bundle OUT BUNDLE   # the trees and their kernels as a CUDA bundle
     python3 bench/cuda_kernels.py BUNDLE OUT2 5     # each T of 1..129: the tree's kernel and cuBLAS
     python -m bench.cuda_tuning bundle-report OUT2
@@ -93,23 +94,52 @@ def build_set(directory: pathlib.Path, seed: int = 0, chosen_from: pathlib.Path 
     return build.build(entries, shape_lists, directory, archs=("sm_90",), ptx=False)
 
 
-def _cublas_and_static(run: pathlib.Path) -> tuple[dict, list[tuple[str, str, int, float]]]:
-    """cuBLAS' seconds by (workload, T) per timing ("cublas", and "cublas_again" after the
-    kernels where the run has it), and (workload, kernel, T, symbolic / static time) per
-    static build; medians over a run's rounds."""
-    cublas, symbolic, static = {}, {}, {}
+def _medians(run: pathlib.Path) -> dict[tuple[str, str, bool, int], float]:
+    """Median seconds over a run's rounds by (workload, kernel, static build, T); cuBLAS'
+    rows are the kernels "cublas" and "cublas_again" (a later record: timed after the kernels)."""
+    times: dict[tuple, list[float]] = {}
     with open(run / "measurements.csv", newline="") as f:
         for row in csv.DictReader(f):
-            key = (row["workload"], row["kernel"], int(row["t"]))
-            if row["kernel"].startswith("cublas"):  # "cublas_again" (a later record) timed it after the kernels
-                times = cublas.setdefault(row["kernel"], {}).setdefault((row["workload"], int(row["t"])), [])
-            else:
-                times = (static if row["static"] == "True" else symbolic).setdefault(key, [])
-            times.append(float(row["seconds"]))
-    medians = {peer: {key: statistics.median(times) for key, times in by_shape.items()}
-               for peer, by_shape in cublas.items()}
-    return medians, [(*key, statistics.median(symbolic[key]) / statistics.median(times))
-                     for key, times in static.items()]
+            key = (row["workload"], row["kernel"], row["static"] == "True", int(row["t"]))
+            times.setdefault(key, []).append(float(row["seconds"]))
+    return {key: statistics.median(samples) for key, samples in times.items()}
+
+
+def _cublas_and_static(run: pathlib.Path) -> tuple[dict, list[tuple[str, str, int, float]]]:
+    """cuBLAS' seconds by (workload, T) per timing ("cublas", and "cublas_again" where the
+    run has it), and (workload, kernel, T, symbolic / static time) per static build."""
+    medians, cublas = _medians(run), {}
+    for (workload, kernel, _, t), seconds in medians.items():
+        if kernel.startswith("cublas"):
+            cublas.setdefault(kernel, {})[(workload, t)] = seconds
+    return cublas, [(workload, kernel, t, medians[(workload, kernel, False, t)] / seconds)
+                    for (workload, kernel, static, t), seconds in medians.items() if static]
+
+
+def compare_runs(before: pathlib.Path, after: pathlib.Path, name: str) -> list[dict]:
+    """Two runs of the same kernels built before and after a change to the templates
+    (`build --chosen-only` each time): every build's speed-up over cuBLAS in its own run,
+    so that the GPU's drift between the runs cancels, after over before; writes
+    docs/results/<name>.csv and both raw records."""
+    speedups = []
+    for run in (before, after):
+        medians = _medians(run)
+        speedups.append({key: medians[(key[0], "cublas", False, key[3])] / seconds
+                         for key, seconds in medians.items() if not key[1].startswith("cublas")})
+    rows = [{"workload": LABELS[workload], "kernel": kernel, "static": static, "T": t,
+             "after_over_before": speedups[1][key] / speedups[0][key]}
+            for key in speedups[0] if key in speedups[1] for workload, kernel, static, t in [key]]
+    report.write_csv(rows, RESULTS / f"{name}.csv")
+    _keep_record(before, f"{name}_before")
+    _keep_record(after, f"{name}_after")
+    for label in WORKLOADS:
+        for pipelined in (True, False):
+            ratios = [r["after_over_before"] for r in rows if r["workload"] == label
+                      and (space.GpuKernel.from_name(r["kernel"]).stages > 1) == pipelined]
+            if ratios:
+                print(f"  {label}, {'pipelined' if pipelined else 'one stage'}: after / before geomean "
+                      f"{report.geomean(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}), {len(ratios)} builds")
+    return rows
 
 
 def _keep_record(run: pathlib.Path, name: str) -> None:
@@ -310,6 +340,10 @@ def main() -> None:
     aot.add_argument("run", type=pathlib.Path)
     aot.add_argument("--chosen-from", type=pathlib.Path, required=True, help="the report whose kernels were built")
     aot.add_argument("--name", default="cuda_h200_aot")
+    comparing = commands.add_parser("compare", help="the same kernels' runs before and after a template change")
+    comparing.add_argument("before", type=pathlib.Path)
+    comparing.add_argument("after", type=pathlib.Path)
+    comparing.add_argument("--name", required=True)
     bundling = commands.add_parser("bundle", help="a CUDA bundle of a run's replayed trees")
     bundling.add_argument("run", type=pathlib.Path)
     bundling.add_argument("directory", type=pathlib.Path)
@@ -331,6 +365,8 @@ def main() -> None:
         report_run(arguments.run, arguments.name, arguments.trials, arguments.seed, tuple(arguments.stages))
     elif arguments.command == "aot":
         report_aot(arguments.run, arguments.chosen_from, arguments.name)
+    elif arguments.command == "compare":
+        compare_runs(arguments.before, arguments.after, arguments.name)
     elif arguments.command == "bundle":
         manifest = write_bundle(arguments.run, arguments.directory, arguments.trials, 0, arguments.finalists_run,
                                 tuple(arguments.stages))
