@@ -116,19 +116,22 @@ def _cublas_and_static(run: pathlib.Path) -> tuple[dict, list[tuple[str, str, in
                     for (workload, kernel, static, t), seconds in medians.items() if static]
 
 
+def _speedups(run: pathlib.Path) -> dict[tuple[str, str, bool, int], float]:
+    """Each kernel build's speed-up over cuBLAS' first timing at its shape, in the same run."""
+    medians = _medians(run)
+    return {(workload, kernel, static, t): medians[(workload, "cublas", False, t)] / seconds
+            for (workload, kernel, static, t), seconds in medians.items() if not kernel.startswith("cublas")}
+
+
 def compare_runs(before: pathlib.Path, after: pathlib.Path, name: str) -> list[dict]:
     """Two runs of the same kernels built before and after a change to the templates
     (`build --chosen-only` each time): every build's speed-up over cuBLAS in its own run,
     so that the GPU's drift between the runs cancels, after over before; writes
     docs/results/<name>.csv and both raw records."""
-    speedups = []
-    for run in (before, after):
-        medians = _medians(run)
-        speedups.append({key: medians[(key[0], "cublas", False, key[3])] / seconds
-                         for key, seconds in medians.items() if not key[1].startswith("cublas")})
+    old, new = _speedups(before), _speedups(after)
     rows = [{"workload": LABELS[workload], "kernel": kernel, "static": static, "T": t,
-             "after_over_before": speedups[1][key] / speedups[0][key]}
-            for key in speedups[0] if key in speedups[1] for workload, kernel, static, t in [key]]
+             "after_over_before": new[key] / speedup}
+            for key, speedup in old.items() if key in new for workload, kernel, static, t in [key]]
     report.write_csv(rows, RESULTS / f"{name}.csv")
     _keep_record(before, f"{name}_before")
     _keep_record(after, f"{name}_after")

@@ -141,7 +141,7 @@ def test_pipelined_copies_move_16_bytes_where_the_layout_allows(workload, wide):
     kernel = space.GpuKernel(32, 32, 2, 2, 8, stages=2)
     _, body, launch = build.cuda_source(workload, kernel, "k")
     copies = set(re.findall(r"ptx_cp_async_legacy_(?:pred_)?c[ag]_(\d+)_\d+_\d+\(([a-z])_", body))
-    operands = {"x", "w" if workload.kind == "dense" else "y"}
+    operands = set(schedule.operands(workload))
     assert copies == {("16" if o in wide else "4", o) for o in operands}
     assert {o for o in operands if schedule.vector_width(workload, o, kernel) == schedule.VECTOR} == wide
     assert launch.alignment == 16

@@ -80,10 +80,10 @@ def cuda_source(workload: Workload, kernel: GpuKernel, symbol: str,
     threads_x, threads_y = kernel.threads
     if int(threads) != threads_x * threads_y:
         raise RuntimeError(f"{kernel.name}: TVM bound {threads} threads, the kernel has {threads_x * threads_y}")
-    operands = ("x", "w" if workload.kind == "dense" else "y")
     launch = Launch(symbol, tuple(parsed), (threads_x, threads_y, 1),
                     (("n", kernel.block_n), ("m", kernel.block_m), ("b", 1)),
-                    4 * max(schedule.vector_width(workload, operand, kernel) for operand in operands))
+                    4 * max(schedule.vector_width(workload, operand, kernel)
+                            for operand in schedule.operands(workload)))
     return prelude, body, launch
 
 

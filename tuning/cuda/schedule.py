@@ -53,6 +53,11 @@ def prim_func(workload: Workload, dims: dict[str, int] | None = None) -> tirx.Pr
     return te.create_prim_func([x, y, *([addend] if addend is not None else []), alpha, out])
 
 
+def operands(workload: Workload) -> tuple[str, str]:
+    """The two operands a kernel stages through shared memory, in the product's order."""
+    return "x", "w" if workload.kind == "dense" else "y"
+
+
 def vector_width(workload: Workload, operand: str, kernel: GpuKernel) -> int:
     """Floats per copy when fetching `operand`'s tile. VECTOR for a pipelined kernel's
     cp.async copies wherever every vector is 16 aligned bytes of one row under one pad
@@ -61,8 +66,8 @@ def vector_width(workload: Workload, operand: str, kernel: GpuKernel) -> int:
     as TF's and torch's buffers are) and so is the tile's width along it. Else 1:
     - NT's y is transposed into its tile, so a vector of its K would land in four rows;
     - a one-stage kernel's copies pass through registers, and 16-byte ones gained
-      nothing there on an H200 (0.96-1.04x geomean per workload, 0.79x at worst),
-      where the cp.async ones ran 1.31-1.42x (docs/decisions.md, "CUDA").
+      nothing there on an H200 (0.99-1.03x geomean per workload, 0.79x at worst),
+      where the cp.async ones ran 1.23-1.38x (docs/decisions.md, "CUDA").
     Decided from the workload and kernel alone, never from fixed dims, so a symbolic
     kernel and its static builds fetch alike."""
     if kernel.stages == 1 or (operand == "y" and workload.transpose_b):
@@ -117,8 +122,7 @@ def schedule(workload: Workload, kernel: GpuKernel, dims: dict[str, int] | None 
     # a thread's accumulators stay in registers; the write-back with the epilogue follows its K loop
     sch.reverse_compute_at(sch.get_sblock(WRITE_BACK), j_thread)
     sch.set_scope(acc, 0, "local")
-    operands = ("x", "w" if workload.kind == "dense" else "y")
-    for index, name in enumerate(operands):
+    for index, name in enumerate(operands(workload)):
         fetch = optional_block(sch, f"{name}_pad")
         if fetch is None:  # nothing padded: a plain copy
             fetch = sch.cache_read(acc, index, "shared")
