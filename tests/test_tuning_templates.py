@@ -232,6 +232,12 @@ def enclosing_loops_and_realize(mod, block_name):
     return loops, loops[-1].body
 
 
+def padded_axes(source: tirx.Buffer, fill) -> list[str]:
+    """`extent <= index` for each axis along which the fill's tile is larger than the operand."""
+    return [f"{extent} <= {value}" for extent, value, axis in zip(source.shape, fill.iter_values, fill.block.iter_vars)
+            if str(extent) != str(axis.dom.extent)]
+
+
 @pytest.mark.parametrize("workload", WORKLOADS, ids=ids)
 def test_local_padding_leaves_no_check_in_the_compute_loop(rng, workload):
     template = templates.for_workload(workload)
@@ -250,13 +256,15 @@ def test_local_padding_leaves_no_check_in_the_compute_loop(rng, workload):
             assert str(realize.predicate).startswith("T.likely(") and str(realize.predicate).endswith(" < K)")
         assert "if_then_else" not in str(realize.block.body)
         # Bounds live where data enters (fetch) and leaves (write-back predicate). The fetch
-        # copies with no select per element and zeroes nothing: only rows and columns are padded.
+        # copies with no select per element; a fill zeroes the rest of the tile (scratch memory
+        # left there reads as denormal floats, slow on Intel cores outside TF's threads).
         for fetch in ("x_pad", "y_pad"):
             _, fetch_realize = enclosing_loops_and_realize(mod, fetch)
             if fetch_realize is not None:
                 assert "if_then_else" not in str(fetch_realize.block.body), (kernel.name, fetch)
                 _, zero_realize = enclosing_loops_and_realize(mod, f"{fetch}_pad_const")
-                assert zero_realize.predicate.value == 0, (kernel.name, fetch)
+                padded = padded_axes(fetch_realize.block.reads[0].source, zero_realize)
+                assert padded and str(zero_realize.predicate).endswith(" or ".join(padded)), (kernel.name, fetch)
         _, write_realize = enclosing_loops_and_realize(mod, "out")
         if kernel.tile_m > 1 and not workload.m.static:  # rows padded past a dynamic M
             assert not isinstance(write_realize.predicate, tirx.IntImm), kernel.name

@@ -25,8 +25,9 @@ import importlib
 # 18: batch matmul NT fetches its y tile where nothing is padded too;
 # 19: batch matmul reads x in place, rows past M clamped, unless a dynamic K pads it;
 # 20: each loop partition keeps its own accumulator, and guards its enclosing loops imply are dropped;
-# 21: batch matmul never pads K: its last K block is shorter, and x is always read in place).
-TEMPLATES_VERSION = 21
+# 21: batch matmul never pads K: its last K block is shorter, and x is always read in place;
+# 22: a fetched tile's padding is zeroed, not left as scratch memory: copy_inside_bounds).
+TEMPLATES_VERSION = 22
 
 import functools
 
@@ -129,23 +130,42 @@ def _selects(value) -> bool:
 
 def copy_inside_bounds(sch: s_tir.Schedule, fetch, loop) -> None:
     """Split the fetch's per-element "inside ? load : 0" (decompose_padding)
-    into a copy whose loops stop at the operand's bounds, checking no element,
-    and a zero fill of the padding that never runs.
+    into a copy whose loops stop at the operand's bounds and a zero fill of the
+    padding alone (rows past M, columns past N), neither checking an element:
+    ShrinkGuardedLoops turns both guards into loop bounds, so the fill is a
+    short loop over the last tile's padded columns. The reduction is never
+    padded (batch_matmul.partition_the_reduction).
 
-    Padding past a spatial bound (rows past M, columns past N) keeps whatever
-    the tile held: a product never mixes rows of x or columns of y, so it only
-    reaches output elements the write-back skips. The reduction is never
-    padded (batch_matmul.partition_the_reduction), so no padding needs zeros.
-
-    A check per element cost a symbolic kernel 1.3-1.6x its static build's
-    time (LLVM turned the int64 compares into masks).
+    Why zeros: products with the padding only reach output elements the
+    write-back skips, but the tile is scratch memory, and what it held before
+    (integers, pointers' upper halves) reads as denormal floats. Outside TF's
+    threads, which flush denormals, each FMA on one then takes a microcode
+    assist on Intel cores: batch matmul NT at T = 5 took 1.5 ms against
+    0.024 ms with denormals flushed (Emerald Rapids), and its tuning measured
+    that noise. A check per element in the copy cost a symbolic kernel
+    1.3-1.6x its static build's time (LLVM turned the int64 compares into
+    masks).
     """
     if not isinstance(sch.get(sch.get_loops(fetch)[-1]).body, SBlockRealize):
         sch.add_unit_loop(fetch)  # a tile of one element gets no loop of its own
     loops = sch.get_loops(fetch)
     depth = [sch.get(outer).same_as(sch.get(loop)) for outer in loops].index(True) + 1  # the fetch's first loop
     zero = sch.decompose_padding(fetch, loops[depth])
-    set_predicate(sch, sch.get_loops(zero)[-1], tirx.const(False, "bool"))
+    fill_loop = sch.get_loops(zero)[-1]
+    source = sch.get(fetch).reads[0].source
+    set_predicate(sch, fill_loop, _past_bounds(sch.get(fill_loop).body, source.shape))
+
+
+def _past_bounds(fill: SBlockRealize, extents) -> tvm.ir.expr.Expr:
+    """The fill's predicate: its own (the tile's region), and some index at or past the operand's
+    extent along an axis the tile pads (the fill's axes are the operand's, in its order)."""
+    analyzer = Analyzer()
+    region = [term for term in conjunction_terms(fill.predicate) if not isinstance(term, tirx.IntImm)]
+    past = [extent <= value for value, axis, extent in zip(fill.iter_values, fill.block.iter_vars, extents, strict=True)
+            if not analyzer.can_prove_equal(axis.dom.extent, extent)]
+    if not past:
+        return tirx.const(False, "bool")
+    return functools.reduce(tirx.And, [*region, functools.reduce(tirx.Or, past)])
 
 
 def conjunction_terms(condition) -> list:
