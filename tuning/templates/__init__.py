@@ -165,7 +165,7 @@ def _past_bounds(fill: SBlockRealize, extents) -> tvm.ir.expr.Expr:
             if not analyzer.can_prove_equal(axis.dom.extent, extent)]
     if not past:
         return tirx.const(False, "bool")
-    return functools.reduce(tirx.And, [*region, functools.reduce(tirx.Or, past)])
+    return tirx.all(*region, tirx.any(*past))
 
 
 def conjunction_terms(condition) -> list:
