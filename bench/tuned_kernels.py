@@ -1,6 +1,6 @@
 """DietCode-tuned micro-kernels against TF, and symbolic vs static AOT.
 
-    python -m bench.tuned_kernels [--quick] [--out bench/results]
+    python -m bench.tuned_kernels [--quick] [--workloads PREFIX ...] [--out bench/results]
 
 Tunes each workload once for T in [1, 128] (tuning database <out>/tuning.jsonl,
 resumed: the CSV says whether the tuning times started from empty databases),
@@ -11,7 +11,9 @@ baseline's kernel, these three in interleaved rounds (tvm_seconds); TF is
 timed again after the kernels and the faster timing kept (tf_seconds). Writes
 tuned_kernels.csv and tuned_kernels.png; prints tuning time and speed-ups.
 The Nimble-like baseline (tune the largest shape only, use its best kernel for
-every T) runs beside it with the same budget.
+every T) runs beside it with the same budget. --workloads keeps the workloads
+whose names start with one of the prefixes (e.g. bmm_nt), to measure again
+after a change to one template.
 """
 
 import json
@@ -131,6 +133,7 @@ def tf_seconds_once(job: tuple) -> float:
 
 def main(argv=None):
     parser = cli.parser(__doc__, "bench/results", "a few T and the quick search budget")
+    parser.add_argument("--workloads", nargs="+", metavar="PREFIX", help="only workloads named so (default: all)")
     args = parser.parse_args(argv)
     use_threads()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -139,7 +142,10 @@ def main(argv=None):
     hw = hardware.detect()
     rng = np.random.default_rng(0)
     peak_gflops = peak.fma_peak_gflops(hw.cores)
-    cases = QUICK_CASES if args.quick else CASES
+    cases = [case for case in (QUICK_CASES if args.quick else CASES)
+             if not args.workloads or case[0].startswith(tuple(args.workloads))]
+    if not cases:
+        parser.error(f"no workload starts with {' or '.join(args.workloads)}")
 
     tuning_seconds, results, dispatches = {}, [], []
     database_paths = (args.out / "tuning.jsonl", args.out / "tuning_largest_shape.jsonl")
@@ -222,8 +228,9 @@ def main(argv=None):
               f"worst {min(theirs):.2f}x; tuning {largest[name][2]:.0f} s")
     large = [r["fraction_of_fma_peak"] for r in rows
              if r["peer"] == "dietcode" and r["workload"].startswith("dense_b16") and r["T"] >= 62]
-    print(f"measured FMA peak {peak_gflops:.0f} GFLOP/s ({hw.cores} threads); dense batch 16 at T >= 62 reaches "
-          f"{min(large):.0%}-{max(large):.0%} of it")
+    if large:
+        print(f"measured FMA peak {peak_gflops:.0f} GFLOP/s ({hw.cores} threads); dense batch 16 at T >= 62 "
+              f"reaches {min(large):.0%}-{max(large):.0%} of it")
     print(f"wrote {csv_path}")
 
 

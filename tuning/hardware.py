@@ -89,19 +89,22 @@ def _cache_bytes(level: int, default: int) -> int:
     return default
 
 
+def float32_lanes(features) -> int:
+    """float32 lanes of the widest vector registers that SIMD `features` give."""
+    return 16 if "avx512f" in features else 8 if "avx" in features else 4
+
+
 @functools.cache
 def detect() -> "Hardware":
     """This machine's limits (cores: the CPUs this process may run on)."""
     import tvm
 
     features = tuple(cpu_features.simd_features())
-    wide = "avx512f" in features
-    lanes = 16 if wide else 8 if "avx" in features else 4
     return Hardware(
         mcpu=str(tvm.target.codegen.llvm_get_system_cpu()),
         features=features,
-        vector_lanes=lanes,
-        vector_registers=32 if wide else 16,
+        vector_lanes=float32_lanes(features),
+        vector_registers=32 if "avx512f" in features else 16,
         l1d_bytes=_cache_bytes(1, 32 << 10),
         l2_bytes=_cache_bytes(2, 512 << 10),
         cores=len(os.sched_getaffinity(0)),

@@ -19,7 +19,8 @@ import time
 import numpy as np
 import tvm
 
-from tf_dietcode.tuning import guarded_loops, prefetch_panel, register_tiles, task_scratch, templates
+from tf_dietcode.tuning import (guarded_loops, prefetch_panel, register_tiles, task_scratch, templates,
+                                 transpose_in_registers)
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -53,12 +54,13 @@ PASS_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True}}
 
 def _pipeline():
     """TVM's default TIR pipeline, then ours on the lowered code: ShrinkGuardedLoops (after
-    LoopPartition made the remainders), PrivateRegisterTiles (after StorageRewrite merged the
+    LoopPartition made the remainders), TransposeInRegisters (on the loops ShrinkGuardedLoops
+    left with constant extents), PrivateRegisterTiles (after StorageRewrite merged the
     partitions' accumulators), PrefetchNextPanel and AllocatePerTask (before
     LowerTVMBuiltin, in the finalizing passes, turns tiles into workspace calls)."""
     lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
-    ours = [guarded_loops.ShrinkGuardedLoops, register_tiles.PrivateRegisterTiles, prefetch_panel.PrefetchNextPanel,
-            task_scratch.AllocatePerTask]
+    ours = [guarded_loops.ShrinkGuardedLoops, transpose_in_registers.TransposeInRegisters,
+            register_tiles.PrivateRegisterTiles, prefetch_panel.PrefetchNextPanel, task_scratch.AllocatePerTask]
     return tvm.transform.Sequential([lower, *ours]), finalize_host, finalize_device
 
 

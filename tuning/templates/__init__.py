@@ -26,8 +26,9 @@ import importlib
 # 19: batch matmul reads x in place, rows past M clamped, unless a dynamic K pads it;
 # 20: each loop partition keeps its own accumulator, and guards its enclosing loops imply are dropped;
 # 21: batch matmul never pads K: its last K block is shorter, and x is always read in place;
-# 22: a fetched tile's padding is zeroed, not left as scratch memory: copy_inside_bounds).
-TEMPLATES_VERSION = 22
+# 22: a fetched tile's padding is zeroed, not left as scratch memory: copy_inside_bounds;
+# 23: a transposing fetch (batch matmul NT's y) copies square blocks through registers: transpose_in_registers).
+TEMPLATES_VERSION = 23
 
 import functools
 

@@ -1,0 +1,112 @@
+"""TransposeInRegisters: a transposing copy of constant extents becomes whole
+blocks transposed in registers plus the element copy of the rest, copying what
+it copied before at every vector width; other copies are left alone; batch
+matmul NT's y fetch is such a copy where its extents are constant."""
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm.script import tirx as T
+from tvm.tirx import stmt as tir_stmt
+
+from lowered_kernels import assert_computes_the_product, build_seen_after
+from tf_dietcode.tuning import hardware, measure
+from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.workload import Workload
+
+ROW = 48  # the source's row stride and the tile's row length, in floats
+
+
+@T.prim_func
+def copies(a: T.handle, b: T.handle, c: T.handle, columns: T.int64, rows: T.int64):
+    A = T.match_buffer(a, (T.int64(ROW * ROW),))
+    B = T.match_buffer(b, (T.int64(ROW * ROW),))
+    C = T.match_buffer(c, (T.int64(ROW * ROW),))
+    for i in range(T.int64(37)):  # B[k, i] = A[i, k]: columns and k rows past the whole blocks
+        for k in range(T.int64(24)):
+            B[k * T.int64(ROW) + i] = A[i * T.int64(ROW) + k]
+    for i in range(T.int64(32)):  # through a binding, into B's rows 24..43
+        offset: T.let[T.int64] = i * T.int64(ROW)
+        for k in range(T.int64(20)):
+            B[k * T.int64(ROW) + i + T.int64(ROW * 24)] = A[offset + k + T.int64(8)]
+    for i in range(columns):  # symbolic extents: left alone
+        for k in range(rows):
+            C[k * T.int64(ROW) + i] = A[i * T.int64(ROW) + k]
+
+
+def _reference(a: np.ndarray, columns: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    grid = a.reshape(ROW, ROW)
+    b, c = np.zeros((ROW, ROW), np.float32), np.zeros((ROW, ROW), np.float32)
+    b[:24, :37] = grid[:37, :24].T
+    b[24:44, :32] = a[8:8 + 32 * ROW].reshape(32, ROW)[:, :20].T
+    c[:rows, :columns] = grid[:columns, :rows].T
+    return b.ravel(), c.ravel()
+
+
+def _shuffles(node) -> int:
+    found = []
+    tvm_ffi.structural_walk(node, (tvm.tirx.Shuffle, found.append))
+    return len(found)
+
+
+def _after_pass(target: tvm.target.Target):
+    seen = {}
+
+    @tvm.instrument.pass_instrument
+    class AfterThePass:
+        def run_after_pass(self, mod, info):
+            if info.name == "tf_dietcode.TransposeInRegisters":
+                seen["copies"] = mod["copies"]
+
+    with tvm.transform.PassContext(config=measure.PASS_CONFIG, instruments=[AfterThePass()]):
+        executable = tvm.compile(copies, target=target, tir_pipeline=measure.PIPELINE)
+    return executable, seen["copies"]
+
+
+WIDTHS = {"x86-64": 4, "haswell": 8, "skylake-avx512": 16}  # mcpu -> float32 lanes
+NEEDS = {"x86-64": (), "haswell": ("avx2", "fma"), "skylake-avx512": ("avx512f",)}
+
+
+@pytest.mark.parametrize("mcpu", WIDTHS)
+def test_blocks_and_the_rest_copy_what_the_element_copy_did(mcpu):
+    if not set(NEEDS[mcpu]) <= set(hardware.detect().features):
+        pytest.skip(f"this CPU cannot run {mcpu} code")
+    executable, lowered = _after_pass(tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
+    lanes = WIDTHS[mcpu]
+    per_block = lanes * lanes.bit_length() - lanes  # lanes * log2(lanes) shuffles
+    assert _shuffles(lowered) == 2 * per_block  # one block body per copy of constant extents
+    rng = np.random.default_rng(0)
+    for columns, rows in [(0, 0), (3, 17), (37, 24), (ROW, ROW)]:
+        a = rng.standard_normal(ROW * ROW).astype(np.float32)
+        tensors = [tvm.runtime.tensor(array) for array in (a, np.zeros_like(a), np.zeros_like(a))]
+        executable["copies"](*tensors, columns, rows)
+        for got, expected in zip((t.numpy() for t in tensors[1:]), _reference(a, columns, rows)):
+            np.testing.assert_array_equal(got, expected, err_msg=f"{mcpu} {columns}x{rows}")
+
+
+NT = Workload("batch_matmul", (1, 128), (1, 128), 64, b=192, ties=("m", "n"))
+STATIC = {"b": 192, "m": 128, "n": 128, "k": 64}
+WHOLE_BATCH = MicroKernel(5, 32, 32, 1, True, whole_batch=True)
+
+
+@pytest.mark.parametrize("kernel,dims", [(WHOLE_BATCH, STATIC), (WHOLE_BATCH, None),
+                                         (MicroKernel(7, 48, 32, 2, False, whole_batch=True), None),
+                                         (MicroKernel(3, 64, 64, 1, False), STATIC),
+                                         (MicroKernel(3, 64, 64, 1, False), None)],
+                         ids=["static_whole_batch", "symbolic_whole_batch", "symbolic_whole_batch_wide",
+                              "static_column_tasks", "symbolic_column_tasks"])
+def test_batch_matmul_nt_fetches_y_in_register_blocks(kernel, dims):
+    """NT's y fetch is a transposing copy. Where its extents are constant (every column task of a
+    static build at T = 128; the whole column tasks of a whole_batch kernel) it copies blocks; the
+    partial column task of a symbolic whole_batch kernel and every task of a symbolic kernel of
+    column tasks (extents at a symbolic N) keep the element copy."""
+    executable, lowered = build_seen_after("tf_dietcode.TransposeInRegisters", NT, kernel, dims)
+    stores = []
+    tvm_ffi.structural_walk(lowered.body, (tir_stmt.BufferStore, stores.append))
+    element_copies = [store for store in stores if store.buffer.name.startswith("y")
+                      and isinstance(store.value, tvm.ir.TensorLoad)
+                      and tvm.DataType(str(store.value.ty.dtype)).lanes == 1]
+    assert (_shuffles(lowered) > 0) == (dims is not None or kernel.whole_batch)
+    assert bool(element_copies) == (dims is None)
+    assert_computes_the_product(executable, NT, kernel, [128] if dims else [1, 15, 16, 17, 43, 100, 128])
