@@ -3,7 +3,7 @@ with an A/A control.
 
     python -m bench.rewrite_passes PASS [--quick] [--without DIR --with DIR] [--out bench/results/PASS]
 
-PASS is an optimize() switch: horizontal_fusion (Q/K/V as one GEMM, off by
+PASS is an optimize() switch: horizontal_fusion (Q/K/V as one GEMM, on by
 default) or layer_norm_fusion (each layer norm as one DietcodeLayerNorm, on by
 default). Issue 9 asks that a pass make no T slower "by more than noise". A
 bench.bert_base cell at batch 16 fits about three rounds of its five peers,

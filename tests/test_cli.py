@@ -35,7 +35,8 @@ def test_optimize_a_saved_model(tmp_path, capsys):
     outputs = keras.layers.Concatenate()([keras.layers.Dense(n, activation="relu")(inputs) for n in (8, 4)])
     keras.Model(inputs, outputs).export(str(tmp_path / "in"), verbose=False)
     arguments = ["optimize", "--dir", str(tmp_path / "in"), "--output_dir", str(tmp_path / "out"),
-                 "--shape_range", "x=1:2,1:10,16", "--signature_def", "serving_default", "--trials", "3", "--quick"]
+                 "--shape_range", "x=1:2,1:10,16", "--signature_def", "serving_default", "--trials", "3", "--quick",
+                 "--no_horizontal_fusion"]
     assert cli.main(arguments) == 0
     summary = capsys.readouterr().out
     assert "dense (tensordot): 2 / 2" in summary and "horizontal fusion: off" in summary
