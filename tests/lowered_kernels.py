@@ -9,20 +9,26 @@ from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
 
 
-def build_seen_after(pass_name: str, workload: Workload, kernel: MicroKernel, dims: dict | None = None):
-    """(the compiled kernel, its "main" right after the pass named `pass_name`)."""
+def compile_seen_after(pass_name: str, function: tvm.tirx.PrimFunc, target: tvm.target.Target):
+    """(`function` compiled as tuning compiles kernels, the module right after the pass named `pass_name`)."""
     seen = {}
 
     @tvm.instrument.pass_instrument
     class AfterThePass:
         def run_after_pass(self, mod, info):
             if info.name == pass_name:
-                seen["main"] = mod["main"]
+                seen["module"] = mod
 
     with tvm.transform.PassContext(config=measure.PASS_CONFIG, instruments=[AfterThePass()]):
-        executable = tvm.compile(templates.for_workload(workload).schedule(workload, kernel, dims),
-                                 target=hardware.detect().target(), tir_pipeline=measure.PIPELINE)
-    return executable, seen["main"]
+        executable = tvm.compile(function, target=target, tir_pipeline=measure.PIPELINE)
+    return executable, seen["module"]
+
+
+def build_seen_after(pass_name: str, workload: Workload, kernel: MicroKernel, dims: dict | None = None):
+    """(the compiled kernel, its "main" right after the pass named `pass_name`)."""
+    function = templates.for_workload(workload).schedule(workload, kernel, dims)
+    executable, module = compile_seen_after(pass_name, function, hardware.detect().target())
+    return executable, module["main"]
 
 
 def assert_computes_the_product(executable, workload: Workload, kernel: MicroKernel, sequence_lengths) -> None:

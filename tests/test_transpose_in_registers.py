@@ -10,8 +10,8 @@ import tvm_ffi
 from tvm.script import tirx as T
 from tvm.tirx import stmt as tir_stmt
 
-from lowered_kernels import assert_computes_the_product, build_seen_after
-from tf_dietcode.tuning import hardware, measure
+from lowered_kernels import assert_computes_the_product, build_seen_after, compile_seen_after
+from tf_dietcode.tuning import hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
 
@@ -50,20 +50,6 @@ def _shuffles(node) -> int:
     return len(found)
 
 
-def _after_pass(target: tvm.target.Target):
-    seen = {}
-
-    @tvm.instrument.pass_instrument
-    class AfterThePass:
-        def run_after_pass(self, mod, info):
-            if info.name == "tf_dietcode.TransposeInRegisters":
-                seen["copies"] = mod["copies"]
-
-    with tvm.transform.PassContext(config=measure.PASS_CONFIG, instruments=[AfterThePass()]):
-        executable = tvm.compile(copies, target=target, tir_pipeline=measure.PIPELINE)
-    return executable, seen["copies"]
-
-
 WIDTHS = {"x86-64": 4, "haswell": 8, "skylake-avx512": 16}  # mcpu -> float32 lanes
 NEEDS = {"x86-64": (), "haswell": ("avx2", "fma"), "skylake-avx512": ("avx512f",)}
 
@@ -72,7 +58,9 @@ NEEDS = {"x86-64": (), "haswell": ("avx2", "fma"), "skylake-avx512": ("avx512f",
 def test_blocks_and_the_rest_copy_what_the_element_copy_did(mcpu):
     if not set(NEEDS[mcpu]) <= set(hardware.detect().features):
         pytest.skip(f"this CPU cannot run {mcpu} code")
-    executable, lowered = _after_pass(tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
+    executable, module = compile_seen_after("tf_dietcode.TransposeInRegisters", copies,
+                                            tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
+    lowered = module["copies"]
     lanes = WIDTHS[mcpu]
     per_block = lanes * lanes.bit_length() - lanes  # lanes * log2(lanes) shuffles
     assert _shuffles(lowered) == 2 * per_block  # one block body per copy of constant extents
