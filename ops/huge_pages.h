@@ -6,8 +6,8 @@
 // Backed by transparent huge pages, the same tuned kernel ran 18% faster at
 // M=1 and 7-8% at M=17 and 62 on cold weights (docs/decisions.md). The
 // buffer is collapsed in place (MADV_COLLAPSE, Linux 6.1+: same addresses,
-// same contents); where the kernel or its THP setting does not allow it,
-// nothing changes.
+// same contents), every 2 MiB page it touches; where the kernel or its THP
+// setting does not allow it, nothing changes.
 #ifndef TF_DIETCODE_OPS_HUGE_PAGES_H_
 #define TF_DIETCODE_OPS_HUGE_PAGES_H_
 

@@ -121,15 +121,23 @@ def test_large_shape(rng):
                              activation="gelu_tanh")
 
 
-def test_weight_moved_to_huge_pages_reads_the_same(rng):
-    """The op backs its weight with 2 MiB pages on first use (collapsed in place);
-    the values read before and after are the same."""
-    a, b, bias = operands(rng, 3, 1024, 2048, False, True)  # b: 8 MiB, whole huge pages inside
+@pytest.mark.parametrize("k,n", [(1024, 2048), (768, 768)], ids=["8MiB", "2.25MiB"])
+def test_weight_moved_to_huge_pages_reads_the_same(rng, k, n):
+    """The op backs its weight with 2 MiB pages on first use, collapsed in place, the
+    pages at its ends included (a BERT-base 768x768 weight holds at most one whole
+    page): the values read before and after are the same, and so are those of
+    tensors allocated around it, which may share its end pages."""
+    a, b, bias = operands(rng, 3, k, n, False, True)
+    before = [tf.constant(rng.standard_normal(size).astype(np.float32)) for size in (1000, 300_000)]
     b = tf.constant(b)
+    after = [tf.constant(rng.standard_normal(size).astype(np.float32)) for size in (1000, 300_000)]
+    neighbours = [t.numpy().copy() for t in before + after]
     results = [ops.fused_matmul(a, b, bias, transpose_b=True).numpy() for _ in range(3)]
     for result in results[1:]:
         np.testing.assert_array_equal(result, results[0])
     assert_matches_reference(results[-1], reference.fused_matmul, [a, b, bias], transpose_b=True)
+    for tensor, values in zip(before + after, neighbours):
+        np.testing.assert_array_equal(tensor.numpy(), values)
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
