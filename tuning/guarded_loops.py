@@ -136,7 +136,8 @@ def _bound(term, var):
     return None
 
 
-def _integer(expr) -> bool:
+def integer_valued(expr) -> bool:
+    """Whether expr is an integer (an index, an extent): what an analyzer may be told about."""
     return str(getattr(expr.ty, "dtype", "")).startswith("int")
 
 
@@ -146,7 +147,7 @@ def _in_scope(enclosing: tuple) -> sym.Analyzer:
     for outer in enclosing:
         if isinstance(outer, tir_stmt.For):
             analyzer.bind(outer.loop_var, tvm.ir.Range.from_min_extent(outer.min, outer.extent))
-        elif _integer(outer.value) and _safe_anywhere(outer.value):  # arithmetic, not the argument unpacking
+        elif integer_valued(outer.value) and _safe_anywhere(outer.value):  # arithmetic, not the argument unpacking
             analyzer.bind(outer.var, outer.value)
     return analyzer
 
@@ -165,7 +166,7 @@ def _shrink(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.Stmt:
     bindings, branch = guard
     analyzer = sym.Analyzer()  # reads the guard through the loop's bindings, in outer variables and the loop's
     for binding in bindings:
-        if _integer(binding.value):
+        if integer_valued(binding.value):
             analyzer.bind(binding.var, binding.value)
     scope = _in_scope(enclosing)
     var, dtype = loop.loop_var, loop.extent.ty.dtype

@@ -18,7 +18,7 @@ from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
 from tf_dietcode.tuning import hardware
-from tf_dietcode.tuning.guarded_loops import rebuild_loops, statements
+from tf_dietcode.tuning.guarded_loops import integer_valued, rebuild_loops, statements
 
 
 def _transposing_copy(loop: tir_stmt.For):
@@ -38,7 +38,8 @@ def _transposing_copy(loop: tir_stmt.For):
         return None
     analyzer = sym.Analyzer()  # reads the indices through the bindings
     for binding in bindings:
-        analyzer.bind(binding.var, binding.value)
+        if integer_valued(binding.value):
+            analyzer.bind(binding.var, binding.value)
     variables = [loop.loop_var, inner.loop_var]
     tile, source = (sym.detect_linear_equation(analyzer.simplify(index), variables)
                     for index in (store.indices[0], store.value.indices[0]))
