@@ -22,6 +22,9 @@ import tuned_calls
 from conftest import ENCODER_RANGES, TINY_TUNING_OPTIONS, save_dense_model
 
 TINY_TUNING = search.SearchOptions(**TINY_TUNING_OPTIONS)
+# Four dynamic dims: with 3 samples each a kernel is timed at 81 shapes (about 55 s a test); the
+# range ends alone are 16, and the bundle is still checked at ends, samples and random shapes.
+ENDS_TUNING = search.SearchOptions(**{**TINY_TUNING_OPTIONS, "samples": 2})
 
 
 def test_every_dense_form_is_found_and_fused(optimized_encoder):
@@ -139,7 +142,7 @@ def test_einsum_products_of_computed_operands(tmp_path, rng, equation, lhs, rhs)
 
     model = Model()
     tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
-    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING,
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=ENDS_TUNING,
                                   shape_ranges={"a": [(1, 8)] * len(lhs), "b": [(1, 8)] * len(rhs)})
     assert report.fused["attention (einsum)"] == 1 and [w.kind for w in report.workloads] == ["batch_matmul"]
     a, b = rng.uniform(-1, 1, lhs).astype(np.float32), rng.uniform(-1, 1, rhs).astype(np.float32)
