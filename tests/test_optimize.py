@@ -119,8 +119,10 @@ def test_bad_arguments_fail_clearly_and_write_nothing(optimized_encoder, tmp_pat
     assert sorted(p.name for p in (root / "original").rglob("*")) == before
 
 
-def test_not_a_saved_model_and_existing_output(optimized_encoder, tmp_path):
+def test_not_a_saved_model_and_existing_output(optimized_encoder, tmp_path, monkeypatch):
+    """Both are refused before any work: a user who forgot overwrite=True does not wait for the tuning."""
     root, _ = optimized_encoder
+    monkeypatch.setattr(tf_dietcode.Converter, "convert", lambda self: pytest.fail("converted before refusing"))
     with pytest.raises(ValueError, match="not a SavedModel"):
         tf_dietcode.optimize(tmp_path, tmp_path / "out")
     with pytest.raises(FileExistsError, match="overwrite=True"):

@@ -261,13 +261,7 @@ class Converter:
 
     def save(self, output_saved_model_dir: str | pathlib.Path, *, overwrite: bool = False) -> Report:
         """Writes the optimized SavedModel (atomically: a staging directory renamed at the end)."""
-        output = pathlib.Path(output_saved_model_dir).absolute()
-        if output.exists() and not overwrite:
-            raise FileExistsError(f"{output} exists; pass overwrite=True to replace it")
-        resolved, source = output.resolve(), self.input_dir.resolve()
-        if resolved == source or source in resolved.parents or resolved in source.parents:
-            raise ValueError("the output directory must neither be, hold nor sit inside the input "
-                             "(the input is never modified)")
+        output = _checked_output(output_saved_model_dir, self.input_dir, overwrite)
         if not self._built:
             self.build()
         with atomic_directory(output) as staging:
@@ -355,6 +349,18 @@ class Converter:
         return self._weights_by_content[key]
 
 
+def _checked_output(output_dir: str | pathlib.Path, input_dir: str | pathlib.Path, overwrite: bool) -> pathlib.Path:
+    """The output directory as an absolute path, if the optimized model may be written there."""
+    output = pathlib.Path(output_dir).absolute()
+    if output.exists() and not overwrite:
+        raise FileExistsError(f"{output} exists; pass overwrite=True to replace it")
+    resolved, source = output.resolve(), pathlib.Path(input_dir).resolve()
+    if resolved == source or source in resolved.parents or resolved in source.parents:
+        raise ValueError("the output directory must neither be, hold nor sit inside the input "
+                         "(the input is never modified)")
+    return output
+
+
 def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: str | pathlib.Path, *,
              tags=("serve",), signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
              input_fn=None, tuning: search.SearchOptions = search.SearchOptions(), database=None,
@@ -373,5 +379,6 @@ def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: 
     converter = Converter(input_saved_model_dir, tags=tags, signature_keys=signature_keys,
                           shape_ranges=shape_ranges, tuning=tuning, database=database,
                           horizontal_fusion=horizontal_fusion, layer_norm_fusion=layer_norm_fusion)
+    _checked_output(output_saved_model_dir, converter.input_dir, overwrite)  # before the tuning, not after it
     converter.convert().build(input_fn)
     return converter.save(output_saved_model_dir, overwrite=overwrite)
