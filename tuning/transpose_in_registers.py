@@ -94,8 +94,11 @@ def transpose_in_blocks(loop: tir_stmt.For, lanes: int) -> tir_stmt.Stmt:
 
     Why constant extents only: where a task is one column task, its copy stops at a symbolic N,
     and LLVM took 10 s (against 0.4) to compile such a kernel with the blocks in it (batch matmul
-    NT, Emerald Rapids). A kernel whose tasks run their column tasks in turn (whole_batch) copies
-    its whole column tasks with constant extents, and a static build all of them."""
+    NT, Emerald Rapids). The extents are only how those kernels are told apart: with their copy
+    made constant (columns past N clamped, session 42) LLVM still took 10 s, so the cause lies
+    elsewhere in their structure, unknown. A kernel whose tasks run their column tasks in turn
+    (whole_batch) copies its whole column tasks with constant extents, and a static build all
+    of them."""
     copy = _transposing_copy(loop)
     if copy is None:
         return loop
