@@ -1,7 +1,8 @@
-"""PrivateRegisterTiles: a loop partition that writes a merged stack tile whole
+"""RegisterTiles: a loop partition that writes a merged stack tile whole
 before reading it gets a tile of its own; one that reads what another left
-keeps the shared one; and NT kernels built so give every partition its own
-accumulator and compute the product at every shape."""
+keeps the shared one; NT kernels built so give every partition its own
+accumulator and compute the product at every shape; and a register tile over
+TVM's 1 KiB stack limit stays on the stack."""
 
 import pytest
 import tvm
@@ -93,9 +94,29 @@ NT = Workload("batch_matmul", (1, 40), (1, 40), 64, b=3, ties=("m", "n"))
 @pytest.mark.parametrize("kernel", [MicroKernel(4, 16, 32, 1, True, whole_batch=True),
                                     MicroKernel(3, 32, 64, 1, False)], ids=lambda kernel: kernel.name)
 def test_nt_kernels_give_every_partition_its_own_accumulator(kernel):
-    executable, main = build_seen_after("tf_dietcode.PrivateRegisterTiles", NT, kernel)
+    executable, main = build_seen_after("tf_dietcode.RegisterTiles", NT, kernel)
     accumulator = templates.batch_matmul.COMPUTE_BLOCK
     allocated = [name for name in _allocated(main.body) if name.startswith(accumulator)]
     assert len(allocated) >= 2, allocated  # the full row tiles' and the remainder's (and a column remainder's)
     assert not [alias for alias in _declared_aliases(main.body) if alias.buffer.name.startswith(accumulator)]
     assert_computes_the_product(executable, NT, kernel, (1, 3, 4, 16, 17, 37, 40))
+
+
+# A cold dense workload: its one-panel kernels prefetch the next panel (prefetch_panel).
+COLD_DENSE = Workload("dense", (1, 40), 96, 64, bias=True, weight_layout="packed", cold_weight=True)
+
+
+def test_a_register_tile_over_tvms_stack_limit_stays_on_the_stack():
+    """An AVX-512 register tile, 8 x 48 floats (1.5 KiB), in a prefetching kernel. As a workspace
+    LLVM would store it every few k steps, since the prefetch may read any memory it cannot rule out."""
+    kernel = MicroKernel(8, 48, 32, 1, False, packed=True, task_m=0)
+    executable, main = build_seen_after("tirx.LowerTVMBuiltin", COLD_DENSE, kernel)
+    accumulator = templates.dense.COMPUTE_BLOCK
+    tiles = []
+    tvm_ffi.structural_walk(main.body, (tir_stmt.AllocBuffer, tiles.append))
+    on_the_stack = [tile.buffer for tile in tiles if tile.buffer.name.startswith(accumulator)]
+    assert on_the_stack and all(register_tiles._elements(tile) * 4 >= 1024 for tile in on_the_stack)
+    calls = []
+    tvm_ffi.structural_walk(main.body, (tvm.ir.Call, calls.append))
+    assert not [call for call in calls if "AllocWorkspace" in str(call.op)]
+    assert_computes_the_product(executable, COLD_DENSE, kernel, (1, 7, 8, 9, 17, 40))

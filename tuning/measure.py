@@ -55,12 +55,12 @@ PASS_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True}}
 def _pipeline():
     """TVM's default TIR pipeline, then ours on the lowered code: ShrinkGuardedLoops (after
     LoopPartition made the remainders), TransposeInRegisters (on the loops ShrinkGuardedLoops
-    left with constant extents), PrivateRegisterTiles (after StorageRewrite merged the
+    left with constant extents), RegisterTiles (after StorageRewrite merged the
     partitions' accumulators), PrefetchNextPanel and AllocatePerTask (before
     LowerTVMBuiltin, in the finalizing passes, turns tiles into workspace calls)."""
     lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
     ours = [guarded_loops.ShrinkGuardedLoops, transpose_in_registers.TransposeInRegisters,
-            register_tiles.PrivateRegisterTiles, prefetch_panel.PrefetchNextPanel, task_scratch.AllocatePerTask]
+            register_tiles.RegisterTiles, prefetch_panel.PrefetchNextPanel, task_scratch.AllocatePerTask]
     return tvm.transform.Sequential([lower, *ours]), finalize_host, finalize_device
 
 

@@ -27,8 +27,9 @@ import importlib
 # 20: each loop partition keeps its own accumulator, and guards its enclosing loops imply are dropped;
 # 21: batch matmul never pads K: its last K block is shorter, and x is always read in place;
 # 22: a fetched tile's padding is zeroed, not left as scratch memory: copy_inside_bounds;
-# 23: a transposing fetch (batch matmul NT's y) copies square blocks through registers: transpose_in_registers).
-TEMPLATES_VERSION = 23
+# 23: a transposing fetch (batch matmul NT's y) copies square blocks through registers: transpose_in_registers;
+# 24: register tiles of 1 KiB or more stay on the stack too: register_tiles).
+TEMPLATES_VERSION = 24
 
 import functools
 
@@ -198,9 +199,10 @@ def accumulate_locally(sch: s_tir.Schedule, block, loop, write_back, vector_loop
     then the register tile's vector and unrolled loops, and its zero-init.
 
     TVM 0.27 turns every "local" allocation into a TVMBackendAllocWorkspace call
-    inside the loops, and keeps only "global" ones of constant size under 1 KiB
-    on the stack. An accumulator that is one register tile (one column block
-    per task) is therefore "global": on the stack, LLVM holds it in registers
+    inside the loops, and keeps "global" ones of constant size on the stack
+    (TVM only under 1 KiB; register_tiles at any register tile's size). An
+    accumulator that is one register tile (one column block per task) is
+    therefore "global": on the stack, LLVM holds it in registers
     (1-row batch-matmul kernels 8-22% faster). One that spans several column
     blocks is indexed by their loop and stays in memory, where the workspace's
     64-byte alignment beats the stack's 16 (two 32-column blocks ran 25-40%
