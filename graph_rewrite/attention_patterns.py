@@ -16,8 +16,9 @@ becomes its operand permutation (an adjoint where it moves the last axis to
 second-to-last); a Transpose of the product becomes perm, or else a broadcast
 Add of a mask or bias becomes the addend.
 
-Either way a scalar Mul on the left operand becomes alpha (Keras scales the
-query this way). Every folded node must be read by nothing else.
+Either way a scalar Mul on the left operand or on the product becomes alpha
+(Keras 3's MultiHeadAttention scales the scores, hand-written BERTs the query
+or the scores before the mask). Every folded node must be read by nothing else.
 """
 
 import dataclasses
@@ -84,6 +85,7 @@ def find(index: GraphIndex) -> list[AttentionMatch]:
         match = AttentionMatch(node.name, inputs[0], inputs[1], _layout(lhs, x_order), _layout(rhs, y_order),
                                adj_y, 1.0, [product.index(c) for c in out], f"{node.name}:0", adj_x=adj_x)
         _fold_scale(index, match, node)
+        _fold_output_scale(index, match)
         matches.append(match)
     return matches
 
@@ -98,6 +100,18 @@ def _fold_scale(index: GraphIndex, match: AttentionMatch, core) -> None:
             if value is not None and np.size(value) == 1 and index.value(inputs[tensor_side]) is None:
                 match.x, match.alpha = inputs[tensor_side], float(value)
                 return
+
+
+def _fold_output_scale(index: GraphIndex, match: AttentionMatch) -> None:
+    """Mul(output, scalar) the only reader of the output: alpha times the scalar, the Mul's output."""
+    scale = index.sole_consumer(match.output)
+    if scale is None or scale.op != "Mul":
+        return
+    inputs = [tensor_name(i) for i in scale.input]
+    value = index.value(inputs[1] if inputs[0] == tensor_name(match.output) else inputs[0])
+    if value is not None and np.size(value) == 1:
+        match.alpha *= float(value)
+        match.output = f"{scale.name}:0"
 
 
 def _folded_transpose(index: GraphIndex, tensor: str, reader) -> tuple[str, list[int] | None, bool] | None:
@@ -132,6 +146,7 @@ def _batch_matmul(index: GraphIndex, node) -> AttentionMatch | None:
             setattr(match, side, source)
             setattr(match, f"{side}_perm", perm)
             setattr(match, f"adj_{side}", getattr(match, f"adj_{side}") != toggled)
+    _fold_output_scale(index, match)  # before an addend: (x @ y) * s + mask
     after = index.sole_consumer(match.output)
     if after is not None and after.op == "Transpose":
         perm = index.value(after.input[1])

@@ -129,18 +129,26 @@ def test_not_a_saved_model_and_existing_output(optimized_encoder, tmp_path, monk
         tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=ENCODER_RANGES, tuning=TINY_TUNING)
 
 
-@pytest.mark.parametrize("equation,lhs,rhs", [
-    ("BTNH,BSNH->BNTS", (2, 5, 3, 4), (2, 6, 3, 4)),   # attention scores
-    ("BNTS,BSNH->BTNH", (2, 3, 5, 6), (2, 6, 3, 4)),   # attention context
-    ("bij,bjk->bik", (3, 4, 5), (3, 5, 6)),            # NN
-    ("bkm,bnk->bnm", (3, 5, 4), (3, 6, 5)),            # both operands and the output transposed
+def _operand_scaled(equation, a, b):
+    return tf.einsum(equation, a * 0.125, b)
+
+
+def _product_scaled(equation, a, b):  # Keras 3's MultiHeadAttention scales its scores so
+    return tf.einsum(equation, a, b) * 0.125
+
+
+@pytest.mark.parametrize("equation,lhs,rhs,product", [
+    ("BTNH,BSNH->BNTS", (2, 5, 3, 4), (2, 6, 3, 4), _product_scaled),   # attention scores
+    ("BNTS,BSNH->BTNH", (2, 3, 5, 6), (2, 6, 3, 4), _operand_scaled),   # attention context
+    ("bij,bjk->bik", (3, 4, 5), (3, 5, 6), _operand_scaled),            # NN
+    ("bkm,bnk->bnm", (3, 5, 4), (3, 6, 5), _product_scaled),            # both operands and the output transposed
 ])
-def test_einsum_products_of_computed_operands(tmp_path, rng, equation, lhs, rhs):
+def test_einsum_products_of_computed_operands(tmp_path, rng, equation, lhs, rhs, product):
     class Model(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None] * len(lhs), tf.float32, name="a"),
                                       tf.TensorSpec([None] * len(rhs), tf.float32, name="b")])
         def serve(self, a, b):
-            return {"out": tf.einsum(equation, a * 0.125, b)}
+            return {"out": product(equation, a, b)}
 
     model = Model()
     tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
@@ -152,7 +160,7 @@ def test_einsum_products_of_computed_operands(tmp_path, rng, equation, lhs, rhs)
     np.testing.assert_allclose(optimized(a=a, b=b)["out"], np.einsum(equation, a * 0.125, b), rtol=1e-5, atol=1e-5)
     graph_ops = {n.op for f in optimized.graph.as_graph_def().library.function for n in f.node_def}
     assert "DietcodeFusedBatchMatMulTranspose" in graph_ops
-    assert not {"Einsum", "Transpose"} & graph_ops  # operands read in place, output written in place
+    assert not {"Einsum", "Transpose", "Mul"} & graph_ops  # operands read in place, output written in place
 
 
 def test_n_d_dense_layers_become_one_op_each(tmp_path, rng):
@@ -210,6 +218,7 @@ def test_weights_beyond_the_last_level_cache_are_tuned_cold(tmp_path, rng, monke
 @pytest.mark.parametrize("name,attention", [
     ("scores + mask", lambda q, k, mask: tf.matmul(q * 0.125, k, transpose_b=True) + mask),
     ("transposed key", lambda q, k, mask: tf.matmul(q, tf.transpose(k, [0, 1, 3, 2])) * 1.0 + mask),
+    ("scaled scores + mask", lambda q, k, mask: tf.matmul(q, k, transpose_b=True) * 0.125 + mask),
     ("context transposed", lambda q, k, mask: tf.transpose(tf.matmul(q, k, adjoint_b=True), [0, 2, 1, 3])),
     ("plain", lambda q, k, mask: tf.matmul(q, k, transpose_b=True)),
 ])
@@ -232,7 +241,7 @@ def test_batch_matmul_attention_forms(tmp_path, rng, name, attention):
     np.testing.assert_allclose(optimized(q=q, k=k, mask=mask)["out"], model.serve(q, k, mask)["out"],
                                rtol=1e-5, atol=1e-5)
     library = optimized.graph.as_graph_def().library.function
-    assert not {"BatchMatMulV2", "Transpose"} & {n.op for f in library for n in f.node_def}
+    assert not {"BatchMatMulV2", "Transpose", "Mul", "AddV2"} & {n.op for f in library for n in f.node_def}
 
 
 def test_signatures_of_one_computation_are_sized_and_rewritten_once(tmp_path, rng, monkeypatch):
