@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tf_dietcode import ops
 from tf_dietcode.graph_rewrite.attention_patterns import AttentionMatch
+from tf_dietcode.graph_rewrite.softmax_patterns import SoftmaxMatch
 from tf_dietcode.graph_rewrite.dense_patterns import DenseMatch
 from tf_dietcode.graph_rewrite.horizontal_fusion import DenseGroup
 from tf_dietcode.graph_rewrite.graph_index import node_name, tensor_name
@@ -104,6 +105,11 @@ def layer_norm_replacement(match: LayerNormMatch) -> tf.compat.v1.GraphDef:
         x, gamma, beta = (tf.compat.v1.placeholder(tf.float32, name=name) for name in ("x", "gamma", "beta"))
         ops.layer_norm(x, tf.reshape(gamma, [-1]), tf.reshape(beta, [-1]), epsilon=match.epsilon, name="out_0")
     return _scratch_graph(build)
+
+
+def softmax_replacement(_match: SoftmaxMatch) -> tf.compat.v1.GraphDef:
+    """One DietcodeSoftmax; placeholder x."""
+    return _scratch_graph(lambda: ops.softmax(tf.compat.v1.placeholder(tf.float32, name="x"), name="out_0"))
 
 
 def add_placeholder(graph_def: tf.compat.v1.GraphDef, name: str, dtype: tf.DType) -> None:

@@ -31,9 +31,9 @@ def test_every_dense_form_is_found_and_fused(optimized_encoder):
     _, report = optimized_encoder
     assert report.signatures == ["serve", "serving_default"]
     # per signature: 2 tensordot (Dense on 3-D), 4 einsum (Q, K, V, attention output), 1 matmul (Dense on
-    # 2-D), attention's 2 products of computed operands (scores, context) and the layer norm
+    # 2-D), attention's 2 products of computed operands (scores, context), its softmax and the layer norm
     assert dict(report.found) == {"tensordot": 4, "einsum": 8, "matmul": 2, "attention (einsum)": 4,
-                                  "layer norm": 2}
+                                  "layer norm": 2, "softmax": 2}
     assert report.fused == report.found
     dense = [w for w in report.workloads if w.kind == "dense"]
     # Q/K/V read the same input: one GEMM over their weights side by side (N = 3 x 32)
@@ -47,7 +47,7 @@ def test_every_dense_form_is_found_and_fused(optimized_encoder):
     assert products == {(True, DimRange(2, 4), DimRange(1, 12), DimRange(1, 12), DimRange(16, 16), ("m", "n")),
                         (False, DimRange(2, 4), DimRange(1, 12), DimRange(16, 16), DimRange(1, 12), ("m", "k"))}
     assert "dense (einsum): 8 / 8" in report.summary() and "attention (einsum): 4 / 4" in report.summary()
-    assert "  layer norm: 2 / 2" in report.summary()
+    assert "  layer norm: 2 / 2" in report.summary() and "  softmax: 2 / 2" in report.summary()
     # every dim from the graph's own shapes (graph_rewrite.symbolic_shapes), none by running the model
     assert sorted(set(report.dims.values())) == ["B = 2*x[0], M = x[1], K = x[1]", "B = 2*x[0], M = x[1], N = x[1]",
                                                  "M = x[0]", "M = x[0]*x[1]"]

@@ -94,6 +94,12 @@ def layer_norm(x: TensorLike, gamma: TensorLike, beta: TensorLike, *, epsilon: f
                                                  beta=_float32(beta, "beta"), epsilon=epsilon, name=name)
 
 
+def softmax(logits: TensorLike, *, name: str | None = None) -> tf.Tensor:
+    """tf.nn.softmax over the last axis, in one op of ours (TF's oneDNN softmax has a
+    large fixed cost per call)."""
+    return load_op_library().dietcode_softmax(logits=_float32(logits, "logits"), name=name)
+
+
 def bundle_stats(bundle: str) -> dict:
     """How this process uses a kernel bundle: "problem" (why it is not used,
     "" when it is), calls per tuned kernel of each workload, generic calls, and

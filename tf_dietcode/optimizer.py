@@ -20,6 +20,7 @@ import tensorflow as tf
 from tf_dietcode import serving_warmup
 from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.graph_rewrite import (attention_patterns, dense_patterns, horizontal_fusion, layer_norm_patterns,
+                                       softmax_patterns,
                                        rewrite, shape_ranges, signature_graph)
 from tf_dietcode.graph_rewrite.graph_index import GraphIndex
 from tf_dietcode.graph_rewrite.symbolic_shapes import SymbolicShapes
@@ -52,7 +53,7 @@ class Report:
                       for name, dims in inputs.items()]
         lines += [f"note: {note}" for note in self.notes]
         lines.append("patterns (found / fused):")
-        lines += [f"  {form if form.startswith(('attention', layer_norm_patterns.FORM)) else f'dense ({form})'}: "
+        lines += [f"  {form if form.startswith(('attention', layer_norm_patterns.FORM, softmax_patterns.FORM)) else f'dense ({form})'}: "
                   f"{count} / {self.fused[form]}" for form, count in sorted(self.found.items())]
         lines += [f"  left alone: {p.form} {p.node}: {p.reason}" for p in self.left_alone]
         lines.append("horizontal fusion: {} GEMMs sharing an input merged into {}".format(*self.merged)
@@ -141,7 +142,8 @@ class Converter:
         variables = signature_graph.variables_of(self.loaded)
         self.graphs = [signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys]
         self._computations = {graph.key: _computation(graph) for graph in self.graphs}
-        self.dense_layers, self.attention, self.layer_norms, self.ranges, self._indexes = {}, {}, {}, {}, {}
+        self.dense_layers, self.attention, self.layer_norms, self.softmaxes = {}, {}, {}, {}
+        self.ranges, self._indexes = {}, {}
         notes, left, found = [], [], collections.Counter()
         for graph in self.graphs:
             captured = {name: variables[id(t)].numpy() for name, t in graph.captures.items() if id(t) in variables}
@@ -153,7 +155,8 @@ class Converter:
             provisional, _ = shape_ranges.resolve(graph.input_specs, self.shape_ranges)
             shapes = SymbolicShapes(index, graph.input_tensors, provisional)
             self.layer_norms[graph.key] = layer_norm_patterns.find(index, shapes.shape) if self.layer_norm_fusion else []
-            found.update(m.form for m in [*matches, *self.attention[graph.key], *self.layer_norms[graph.key]])
+            self.softmaxes[graph.key] = softmax_patterns.find(index)
+            found.update(m.form for m in [*matches, *self._matches_besides_dense(graph.key)])
             maxima = shapes.declared_maxima()
             self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges, maxima)
             notes += [f"{graph.key}: {note}" for note in graph_notes]
@@ -296,8 +299,11 @@ class Converter:
                                                                input_signature=specs).get_concrete_function()
             self._signatures[graph.key] = rewritten_functions[computation]
             self.report.fused.update(m.form for layer in self.dense_layers[graph.key] for m in layer.members)
-            self.report.fused.update(m.form for m in [*self.attention[graph.key], *self.layer_norms[graph.key]])
+            self.report.fused.update(m.form for m in self._matches_besides_dense(graph.key))
         return module
+
+    def _matches_besides_dense(self, key: str) -> list:
+        return [*self.attention[key], *self.layer_norms[key], *self.softmaxes[key]]
 
     def _rewrite(self, graph: signature_graph.SignatureGraph, module: tf.Module) -> signature_graph.SignatureGraph:
         """The signature with every match spliced in as a fused op."""
@@ -332,6 +338,8 @@ class Converter:
         for i, match in enumerate(self.layer_norms[graph.key]):
             splice([match], rewrite.layer_norm_replacement(match),
                    {"x": match.x, "gamma": match.gamma, "beta": match.beta}, f"dietcode/layer_norm_{i}")
+        for i, match in enumerate(self.softmaxes[graph.key]):
+            splice([match], rewrite.softmax_replacement(match), {"x": match.x}, f"dietcode/softmax_{i}")
         return signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, outputs,
                                               captures, graph_def)
 

@@ -1,0 +1,78 @@
+"""DietcodeSoftmax against a float64 softmax and TF's own: fresh random inputs,
+edge shapes (rows of every tail length, blocks of rows split over the intra-op
+pool), masked and extreme logits, gradients, bad input as clear errors; and
+optimize() putting it in place of TF's Softmax nodes."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_dietcode
+from tf_dietcode import ops
+
+
+def _float64_softmax(x):
+    x = np.asarray(x, np.float64)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("shape", [(1, 12, 1, 1), (1, 12, 5, 5), (2, 12, 17, 17), (1, 3, 62, 62), (128, 128),
+                                   (1,), (7, 1), (3, 4097), (300, 13), (0, 8), (2, 0, 5)])
+def test_matches_a_float64_softmax(rng, shape):
+    x = (rng.normal(size=shape) * rng.uniform(0.1, 30, shape[:-1] + (1,))
+         + rng.uniform(-100, 100, shape[:-1] + (1,))).astype(np.float32)
+    got = ops.softmax(x).numpy()
+    assert got.shape == x.shape
+    np.testing.assert_allclose(got, _float64_softmax(x), rtol=2e-6, atol=1e-7)
+
+
+def test_masked_and_extreme_logits():
+    """As TF for masks and extremes; a NaN makes its row NaN, as in numpy (oneDNN's softmax keeps the
+    row's other elements finite)."""
+    x = np.array([[0.0, -np.inf, 1.0], [-1e30, 0.0, 1e30], [88.0, 89.0, -200.0], [-np.inf] * 3,
+                  [1.0, np.nan, 2.0]], np.float32)
+    got = ops.softmax(x).numpy()
+    np.testing.assert_allclose(got[:3], tf.nn.softmax(x[:3]).numpy(), rtol=1e-6, atol=1e-7)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(np.isnan(got[3:]), np.isnan(_float64_softmax(x[3:])))
+
+
+def test_gradient_and_shape_inside_tf_function(rng):
+    x = tf.constant(rng.normal(size=(2, 5, 9)).astype(np.float32))
+    traced = tf.function(ops.softmax, input_signature=[tf.TensorSpec([None, None, 9], tf.float32)])
+    assert traced.get_concrete_function().outputs[0].shape.as_list() == [None, None, 9]
+    weights = tf.constant(rng.normal(size=(2, 5, 9)).astype(np.float32))
+    grads = []
+    for softmax in (ops.softmax, tf.nn.softmax):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(softmax(x) * weights)
+        grads.append(tape.gradient(loss, x))
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="rank >= 1|rank at least 1"):
+        ops.softmax(np.float32(1.0))
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="float32"):
+        ops.softmax(np.ones((2, 3), np.float64))
+
+
+def test_optimize_replaces_softmax_nodes(tmp_path, rng):
+    """A model with nothing to tune: the Softmax nodes still become ours, in every signature."""
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, None, 5], tf.float32, name="x")])
+        def serve(self, x):
+            return {"out": tf.nn.softmax(x * 3.0) + tf.nn.softmax(x)}
+
+    model = Model()
+    tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", shape_ranges={"x": [(1, 2), (1, 9), 5]})
+    assert report.found["softmax"] == report.fused["softmax"] == 2
+    assert "softmax: 2 / 2" in report.summary()
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    x = rng.uniform(-3, 3, (2, 7, 5)).astype(np.float32)
+    np.testing.assert_allclose(optimized(x=x)["out"], model.serve(x)["out"], rtol=1e-6, atol=1e-7)
+    graph_ops = {n.op for f in optimized.graph.as_graph_def().library.function for n in f.node_def}
+    assert "DietcodeSoftmax" in graph_ops and not {"Softmax", "_MklSoftmax"} & graph_ops
