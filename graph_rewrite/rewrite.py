@@ -12,11 +12,11 @@ import tensorflow as tf
 
 from tf_dietcode import ops
 from tf_dietcode.graph_rewrite.attention_patterns import AttentionMatch
-from tf_dietcode.graph_rewrite.softmax_patterns import SoftmaxMatch
 from tf_dietcode.graph_rewrite.dense_patterns import DenseMatch
 from tf_dietcode.graph_rewrite.horizontal_fusion import DenseGroup
 from tf_dietcode.graph_rewrite.graph_index import node_name, tensor_name
 from tf_dietcode.graph_rewrite.layer_norm_patterns import LayerNormMatch
+from tf_dietcode.graph_rewrite.softmax_patterns import SoftmaxMatch
 
 BUNDLE_PLACEHOLDER = "dietcode/bundle"
 

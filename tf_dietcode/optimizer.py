@@ -20,8 +20,7 @@ import tensorflow as tf
 from tf_dietcode import serving_warmup
 from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.graph_rewrite import (attention_patterns, dense_patterns, horizontal_fusion, layer_norm_patterns,
-                                       softmax_patterns,
-                                       rewrite, shape_ranges, signature_graph)
+                                       rewrite, shape_ranges, signature_graph, softmax_patterns)
 from tf_dietcode.graph_rewrite.graph_index import GraphIndex
 from tf_dietcode.graph_rewrite.symbolic_shapes import SymbolicShapes
 from tf_dietcode.op_library import load_op_library
@@ -53,7 +52,8 @@ class Report:
                       for name, dims in inputs.items()]
         lines += [f"note: {note}" for note in self.notes]
         lines.append("patterns (found / fused):")
-        lines += [f"  {form if form.startswith(('attention', layer_norm_patterns.FORM, softmax_patterns.FORM)) else f'dense ({form})'}: "
+        own_forms = ("attention", layer_norm_patterns.FORM, softmax_patterns.FORM)  # the rest are dense forms
+        lines += [f"  {form if form.startswith(own_forms) else f'dense ({form})'}: "
                   f"{count} / {self.fused[form]}" for form, count in sorted(self.found.items())]
         lines += [f"  left alone: {p.form} {p.node}: {p.reason}" for p in self.left_alone]
         lines.append("horizontal fusion: {} GEMMs sharing an input merged into {}".format(*self.merged)

@@ -14,8 +14,8 @@ register file (REGISTER_FILE_BYTES) are taken for register tiles:
 accumulate_locally makes its one-register-tile accumulators "global" (a dense
 kernel's copied weight panel is "global" too, but larger except at tiny K).
 
-Private copies: LoopPartition copies a kernel's row-tile loop into the full tiles and
-the remainders, each with its own accumulator; StorageRewrite then merges
+Private copies: LoopPartition copies a kernel's row-tile loop into the full
+tiles and the remainders, each with its own accumulator; StorageRewrite then merges
 the copies into one stack array (their lifetimes do not overlap). LLVM keeps
 a stack array in registers only where every access has a constant index, and
 a remainder's write-back indexes the accumulator by a loop of variable trip
