@@ -16,7 +16,6 @@ from tf_dietcode.graph_rewrite.dense_patterns import DenseMatch
 from tf_dietcode.graph_rewrite.horizontal_fusion import DenseGroup
 from tf_dietcode.graph_rewrite.graph_index import node_name, tensor_name
 from tf_dietcode.graph_rewrite.layer_norm_patterns import LayerNormMatch
-from tf_dietcode.graph_rewrite.softmax_patterns import SoftmaxMatch
 
 BUNDLE_PLACEHOLDER = "dietcode/bundle"
 
@@ -107,8 +106,8 @@ def layer_norm_replacement(match: LayerNormMatch) -> tf.compat.v1.GraphDef:
     return _scratch_graph(build)
 
 
-def softmax_replacement(_match: SoftmaxMatch) -> tf.compat.v1.GraphDef:
-    """One DietcodeSoftmax; placeholder x."""
+def softmax_replacement() -> tf.compat.v1.GraphDef:
+    """One DietcodeSoftmax; placeholder x. The same for every Softmax node."""
     return _scratch_graph(lambda: ops.softmax(tf.compat.v1.placeholder(tf.float32, name="x"), name="out_0"))
 
 

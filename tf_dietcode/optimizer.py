@@ -338,8 +338,9 @@ class Converter:
         for i, match in enumerate(self.layer_norms[graph.key]):
             splice([match], rewrite.layer_norm_replacement(match),
                    {"x": match.x, "gamma": match.gamma, "beta": match.beta}, f"dietcode/layer_norm_{i}")
+        softmax = rewrite.softmax_replacement()
         for i, match in enumerate(self.softmaxes[graph.key]):
-            splice([match], rewrite.softmax_replacement(match), {"x": match.x}, f"dietcode/softmax_{i}")
+            splice([match], softmax, {"x": match.x}, f"dietcode/softmax_{i}")
         return signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, outputs,
                                               captures, graph_def)
 
