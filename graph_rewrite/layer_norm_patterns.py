@@ -11,7 +11,10 @@ inv; tf.nn.moments stops the mean's gradient, a hand-written one may not.
 Each form is matched as an expression tree (graph_rewrite.expression_patterns)
 and replaced by one DietcodeLayerNorm when the reduction is over the last
 axis with kept dims, epsilon is a scalar constant and gamma and beta vary
-along the last axis only (read at run time: they stay variables).
+along the last axis only (read at run time: they stay variables). Where x is
+an add that only the layer norm reads (a Transformer's `x + sublayer(x)`),
+the op takes the add's operands and sums them itself, broadcast as AddV2
+does, so the sum is never written out and read back.
 """
 
 import dataclasses
@@ -21,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tf_dietcode.graph_rewrite.expression_patterns import SAME_OP, Capture, matches, read_only_inside
-from tf_dietcode.graph_rewrite.graph_index import GraphIndex
+from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
 
 FORM = "layer norm"
 X, GAMMA, BETA, EPSILON = Capture("x"), Capture("gamma"), Capture("beta"), Capture("epsilon")
@@ -47,6 +50,7 @@ class LayerNormMatch:
     beta: str
     epsilon: float
     output: str
+    residual: str | None = None  # added to x first (x is then the add's other operand)
     form: str = FORM
 
 
@@ -69,8 +73,20 @@ def _match(index: GraphIndex, shape_of, output: str) -> LayerNormMatch | None:
             continue
         epsilon = _last_axis_epsilon(index, shape_of, captured, nodes)
         if epsilon is not None and read_only_inside(index, nodes, index.producer(output).name):
-            return LayerNormMatch(captured[X.name], captured[GAMMA.name], captured[BETA.name], epsilon, output)
+            x, residual = _residual_add(index, captured[X.name], nodes)
+            return LayerNormMatch(x, captured[GAMMA.name], captured[BETA.name], epsilon, output, residual)
     return None
+
+
+def _residual_add(index: GraphIndex, x: str, nodes: set) -> tuple[str, str | None]:
+    """x's producer's operands (x, residual) where it is an add, with no control inputs,
+    whose sum only the layer norm's nodes read; else (x, None)."""
+    add = index.producer(x)
+    if add.op not in SAME_OP["AddV2"] or any(i.startswith("^") for i in add.input):
+        return x, None
+    if any(reader not in nodes for reader in index.consumers.get(x, [])):
+        return x, None
+    return tensor_name(add.input[0]), tensor_name(add.input[1])
 
 
 def _last_axis_epsilon(index: GraphIndex, shape_of, captured: dict[str, str], nodes: set) -> float | None:

@@ -99,10 +99,12 @@ def attention_replacement(match: AttentionMatch) -> tf.compat.v1.GraphDef:
 
 def layer_norm_replacement(match: LayerNormMatch) -> tf.compat.v1.GraphDef:
     """One DietcodeLayerNorm over x's last axis; placeholders x, gamma and beta (the graph's
-    [1, ..., 1, depth] tensors, read as [depth])."""
+    [1, ..., 1, depth] tensors, read as [depth]), and residual where the match has one."""
     def build():
         x, gamma, beta = (tf.compat.v1.placeholder(tf.float32, name=name) for name in ("x", "gamma", "beta"))
-        ops.layer_norm(x, tf.reshape(gamma, [-1]), tf.reshape(beta, [-1]), epsilon=match.epsilon, name="out_0")
+        residual = tf.compat.v1.placeholder(tf.float32, name="residual") if match.residual else None
+        ops.layer_norm(x, tf.reshape(gamma, [-1]), tf.reshape(beta, [-1]), residual=residual,
+                       epsilon=match.epsilon, name="out_0")
     return _scratch_graph(build)
 
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "tensorflow/core/platform/errors.h"
 #include "tensorflow/core/util/overflow.h"
+#include "broadcast.h"
 
 namespace tf_dietcode {
 namespace {
@@ -13,59 +14,9 @@ namespace {
 using tensorflow::Status;
 using tensorflow::TensorShape;
 using tensorflow::errors::InvalidArgument;
-using Dims = std::vector<int64_t>;
-
-Dims DimsOf(const TensorShape& shape) {
-  Dims dims;
-  for (int i = 0; i < shape.dims(); ++i) dims.push_back(shape.dim_size(i));
-  return dims;
-}
 
 std::string Show(const Dims& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
-}
-
-// Row-major element strides of a dense tensor with `dims`. An empty tensor's
-// dims may multiply past int64 (e.g. [0, 2^40, 2^40]); its strides are never
-// used, so they wrap (unsigned) rather than overflow.
-Dims DenseStrides(const Dims& dims) {
-  Dims strides(dims.size(), 1);
-  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {
-    strides[i] = static_cast<int64_t>(static_cast<uint64_t>(strides[i + 1]) *
-                                      static_cast<uint64_t>(dims[i + 1]));
-  }
-  return strides;
-}
-
-// Numpy broadcasting of two shapes; false when they are incompatible.
-bool BroadcastShapes(const Dims& x, const Dims& y, Dims* out) {
-  const size_t rank = std::max(x.size(), y.size());
-  out->assign(rank, 1);
-  for (size_t i = 0; i < rank; ++i) {
-    const int64_t dx = i < rank - x.size() ? 1 : x[i - (rank - x.size())];
-    const int64_t dy = i < rank - y.size() ? 1 : y[i - (rank - y.size())];
-    if (dx != dy && dx != 1 && dy != 1) return false;
-    (*out)[i] = dx == 1 ? dy : dx;
-  }
-  return true;
-}
-
-// Strides with which a tensor of `dims`, stored with `stored_strides`, is read
-// when broadcast to `target` (right-aligned); 0 marks a broadcast dimension.
-// False when `dims` does not broadcast to `target` without growing it.
-bool BroadcastStrides(const Dims& dims, const Dims& stored_strides,
-                      const Dims& target, Dims* strides) {
-  if (dims.size() > target.size()) return false;
-  const size_t lead = target.size() - dims.size();
-  strides->assign(target.size(), 0);
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (dims[i] == target[lead + i]) {
-      (*strides)[lead + i] = dims[i] == 1 ? 0 : stored_strides[i];
-    } else if (dims[i] != 1) {
-      return false;
-    }
-  }
-  return true;
 }
 
 Dims Head(const Dims& dims, size_t n) {

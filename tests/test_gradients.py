@@ -41,6 +41,10 @@ CASES = {
     "layer_norm": (lambda x, gamma, beta: ops.layer_norm(x, gamma, beta, epsilon=0.01),
                    lambda x, gamma, beta: reference.layer_norm(x, gamma, beta, epsilon=0.01),
                    [(2, 3, 5), (5,), (5,)]),
+    "layer_norm_residual": (  # the residual broadcast over x's batch: its gradient sums over it
+        lambda x, gamma, beta, residual: ops.layer_norm(x, gamma, beta, residual=residual, epsilon=0.01),
+        lambda x, gamma, beta, residual: reference.layer_norm(x + residual, gamma, beta, epsilon=0.01),
+        [(2, 3, 5), (5,), (5,), (1, 3, 5)]),
 }
 
 

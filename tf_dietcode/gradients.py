@@ -52,7 +52,10 @@ def _fused_batch_matmul_transpose_gradient(op, grad):
 @tf.RegisterGradient("DietcodeLayerNorm")
 def _layer_norm_gradient(op, grad):
     epsilon = op.get_attr("epsilon")
-    return _vjp(lambda x, gamma, beta: reference.layer_norm(x, gamma, beta, epsilon=epsilon), list(op.inputs), grad)
+
+    def layer_norm(x, gamma, beta, *residual):
+        return reference.layer_norm(x + residual[0] if residual else x, gamma, beta, epsilon=epsilon)
+    return _vjp(layer_norm, list(op.inputs), grad)
 
 
 @tf.RegisterGradient("DietcodeSoftmax")

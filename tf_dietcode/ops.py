@@ -86,12 +86,14 @@ def fused_batch_matmul_transpose(x: TensorLike, y: TensorLike, perm: Sequence[in
         name=name, **_batch_options(x_perm, y_perm, adj_x, adj_y, alpha))
 
 
-def layer_norm(x: TensorLike, gamma: TensorLike, beta: TensorLike, *, epsilon: float = 1e-3,
-               name: str | None = None) -> tf.Tensor:
-    """(x - mean) * rsqrt(variance + epsilon) * gamma + beta over x's last axis, gamma and beta
-    [depth]: Keras' LayerNormalization in one op instead of a dozen."""
-    return load_op_library().dietcode_layer_norm(x=_float32(x, "x"), gamma=_float32(gamma, "gamma"),
-                                                 beta=_float32(beta, "beta"), epsilon=epsilon, name=name)
+def layer_norm(x: TensorLike, gamma: TensorLike, beta: TensorLike, *, residual: TensorLike | None = None,
+               epsilon: float = 1e-3, name: str | None = None) -> tf.Tensor:
+    """(s - mean) * rsqrt(variance + epsilon) * gamma + beta over s's last axis, s being x or
+    x + residual (broadcast as tf.add does), gamma and beta [depth]: Keras' LayerNormalization,
+    and a Transformer's residual add before it, in one op instead of a dozen."""
+    return load_op_library().dietcode_layer_norm(
+        x=_float32(x, "x"), gamma=_float32(gamma, "gamma"), beta=_float32(beta, "beta"),
+        residual=[] if residual is None else [_float32(residual, "residual")], epsilon=epsilon, name=name)
 
 
 def softmax(logits: TensorLike, *, name: str | None = None) -> tf.Tensor:

@@ -337,7 +337,8 @@ class Converter:
                    {"x": match.x, "y": match.y, "addend": match.addend, "bundle": bundle}, f"dietcode/attention_{i}")
         for i, match in enumerate(self.layer_norms[graph.key]):
             splice([match], rewrite.layer_norm_replacement(match),
-                   {"x": match.x, "gamma": match.gamma, "beta": match.beta}, f"dietcode/layer_norm_{i}")
+                   {"x": match.x, "gamma": match.gamma, "beta": match.beta, "residual": match.residual},
+                   f"dietcode/layer_norm_{i}")
         softmax = rewrite.softmax_replacement()
         for i, match in enumerate(self.softmaxes[graph.key]):
             splice([match], softmax, {"x": match.x}, f"dietcode/softmax_{i}")
