@@ -302,6 +302,9 @@ KernelBundle::Choice KernelBundle::Choose(const TunedCall& call) const {
 }
 
 std::string KernelBundle::StatsJson() const {
+  auto Load = [this](PoolUse use) {
+    return pool_use_calls_[static_cast<int>(use)].load();
+  };
   std::vector<std::string> workloads;
   for (const auto& workload : workloads_) {
     std::vector<std::string> names;
@@ -317,7 +320,9 @@ std::string KernelBundle::StatsJson() const {
   return absl::StrCat("{\"path\":", std::string(json::Stringify(String(path_))),
                       ",\"problem\":", std::string(json::Stringify(String(problem_))),
                       ",\"generic_calls\":", generic_calls_.load(),
-                      ",\"calling_thread_calls\":", calling_thread_calls_.load(),
+                      ",\"pool_calls\":", Load(PoolUse::kPoolOnly),
+                      ",\"launcher_joined_calls\":", Load(PoolUse::kLauncherJoins),
+                      ",\"calling_thread_calls\":", Load(PoolUse::kCallingThreadOnly),
                       ",\"workloads\":[", absl::StrJoin(workloads, ","), "]}");
 }
 

@@ -92,14 +92,15 @@ class KernelBundle {
     generic_calls_.fetch_add(1, std::memory_order_relaxed);
   }
 
-  // Counts a tuned call run on the calling thread alone (tvm_bridge.h).
-  void CountCallingThreadCall() const {
-    calling_thread_calls_.fetch_add(1, std::memory_order_relaxed);
+  // Counts a tuned call by how it used the intra-op pool (tvm_bridge.h).
+  void CountCall(PoolUse use) const {
+    pool_use_calls_[static_cast<int>(use)].fetch_add(
+        1, std::memory_order_relaxed);
   }
 
   const BackendHooks& backend_hooks() const { return hooks_; }
 
-  // Calls per kernel, generic calls and tuned calls run on the calling thread,
+  // Calls per kernel, generic calls and tuned calls by their use of the pool,
   // as JSON, for tests and debugging.
   std::string StatsJson() const;
 
@@ -112,7 +113,7 @@ class KernelBundle {
   std::vector<std::unique_ptr<TunedWorkload>> workloads_;
   BackendHooks hooks_;
   mutable std::atomic<int64_t> generic_calls_{0};
-  mutable std::atomic<int64_t> calling_thread_calls_{0};
+  mutable std::atomic<int64_t> pool_use_calls_[3] = {};  // by PoolUse
 };
 
 }  // namespace tf_dietcode

@@ -4,10 +4,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 
-#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "tensorflow/core/platform/logging.h"
 #include "tvm/ffi/c_api.h"
 #include "tvm/runtime/c_backend_api.h"
@@ -18,7 +19,12 @@ namespace {
 
 thread_local const tensorflow::DeviceBase::CpuWorkerThreads* intra_op_pool =
     nullptr;
-thread_local bool on_calling_thread = false;
+thread_local PoolUse pool_use = PoolUse::kPoolOnly;
+
+// How long a launcher that ran tasks itself spins for the pool's last one
+// before it blocks: a blocked launcher takes tens of microseconds to wake on
+// the VMs measured, about what a pool thread that woke late lags behind.
+constexpr int64_t kJoinedSpinMicros = 200;
 
 // One parallel launch, shared by the pool closures that run it (and a
 // launcher that runs tasks too): whoever comes first claims the next task. A
@@ -32,8 +38,19 @@ struct Launch {
   void Drain() {
     for (int task; (task = next.fetch_add(1)) < env.num_task;) {
       if (flambda(task, &env, cdata) != 0) failed = true;
-      unfinished.DecrementCount();
+      if (unfinished.fetch_sub(1) == 1) done.Notify();
     }
+  }
+
+  // Waits for the last task, spinning first for up to `spin_micros`.
+  void Wait(int64_t spin_micros) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::microseconds(spin_micros);
+    for (int i = 0; spin_micros > 0 && !done.HasBeenNotified(); ++i) {
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > deadline) break;
+      __builtin_ia32_pause();
+    }
+    done.WaitForNotification();
   }
 
   const FTVMParallelLambda flambda;
@@ -41,40 +58,44 @@ struct Launch {
   TVMParallelGroupEnv env;
   std::atomic<int> next{0};
   std::atomic<bool> failed{false};
-  absl::BlockingCounter unfinished;  // tasks, not closures
+  std::atomic<int> unfinished;  // tasks, not closures
+  absl::Notification done;
 };
 
 // TVM's parallel-launch contract: run flambda(task, env, cdata) for every
 // task < env.num_task, return when all are done: 0, or -1 if any failed.
 // One task per intra-op thread, as the kernels were tuned (TVM's pool also
-// splits a parallel loop into one chunk per thread). The tasks run on the
-// pool's threads while the launching (inter-op) thread waits, as TF's own
-// ops ran in a profile of BERT-base (its inter-op thread did 6% of the work):
-// the pool threads then stay awake for the elementwise ops TF runs on them
-// next. With task 0 on the launching thread, one pool thread slept through
-// every kernel and TF's next op waited for it to wake: BERT-base ran about 10%
-// slower (decisions.md, "Threads"). A launcher that is itself a pool thread
-// runs tasks too (it must not wait on its own pool). A single task, such as
-// a call the op marked small (waking a pool thread and then the launcher
-// costs more than half of it), runs directly on the launcher.
+// splits a parallel loop into one chunk per thread). How the launching
+// (inter-op) thread takes part is the op's choice (PoolUse, tvm_bridge.h):
+// - kPoolOnly: every task on the pool while the launcher waits asleep, as
+//   TF's own ops run; both pool threads stay awake for the elementwise ops
+//   TF runs on them next (with task 0 on the launcher, one pool thread slept
+//   through every large kernel and BERT-base ran about 10% slower).
+// - kLauncherJoins: one pool thread woken, the launcher running tasks too and
+//   spinning briefly for the last: one wake-up instead of two per call.
+// - kCallingThreadOnly: one task on the launcher, nothing woken.
+// A launcher that is itself a pool thread always runs tasks too (it must not
+// wait on its own pool).
 int LaunchOnIntraOpPool(FTVMParallelLambda flambda, void* cdata,
                         int num_task) {
   const auto* pool = intra_op_pool;
   if (pool == nullptr) return TVMBackendParallelLaunch(flambda, cdata, num_task);
-  const int tasks = num_task > 0            ? num_task
-                    : on_calling_thread     ? 1
-                                            : std::max(pool->num_threads, 1);
+  const int tasks = num_task > 0 ? num_task
+                    : pool_use == PoolUse::kCallingThreadOnly
+                        ? 1
+                        : std::max(pool->num_threads, 1);
   if (tasks == 1) {  // nothing to share, wake or wait for
     TVMParallelGroupEnv env{nullptr, 1};
     return flambda(0, &env, cdata) == 0 ? 0 : -1;
   }
   auto launch = std::make_shared<Launch>(flambda, cdata, tasks);
-  const bool runs_tasks = pool->workers->CurrentThreadId() >= 0;
+  const bool joins = pool_use == PoolUse::kLauncherJoins;
+  const bool runs_tasks = joins || pool->workers->CurrentThreadId() >= 0;
   for (int closure = runs_tasks ? 1 : 0; closure < tasks; ++closure) {
     pool->workers->Schedule([launch] { launch->Drain(); });
   }
   if (runs_tasks) launch->Drain();
-  launch->unfinished.Wait();
+  launch->Wait(joins ? kJoinedSpinMicros : 0);
   return launch->failed ? -1 : 0;
 }
 
@@ -116,16 +137,15 @@ void RouteBackendCalls(const BackendHooks& hooks) {
 }
 
 ScopedIntraOpPool::ScopedIntraOpPool(
-    const tensorflow::DeviceBase::CpuWorkerThreads* workers,
-    bool on_calling_thread_now)
-    : previous_(intra_op_pool), previous_on_calling_thread_(on_calling_thread) {
+    const tensorflow::DeviceBase::CpuWorkerThreads* workers, PoolUse use)
+    : previous_(intra_op_pool), previous_use_(pool_use) {
   intra_op_pool = workers;
-  on_calling_thread = on_calling_thread_now;
+  pool_use = use;
 }
 
 ScopedIntraOpPool::~ScopedIntraOpPool() {
   intra_op_pool = previous_;
-  on_calling_thread = previous_on_calling_thread_;
+  pool_use = previous_use_;
 }
 
 FloatTensorView::FloatTensorView(const float* data,

@@ -6,8 +6,8 @@
 //     pool (which pins the calling thread to a core and, with two ops at
 //     once, oversubscribes the cores): LaunchOnIntraOpPool uses the pool the
 //     calling op set with ScopedIntraOpPool (TVM's own launcher when none is
-//     set, e.g. for Python callers of the same library), or runs a small
-//     call's loop on the calling thread alone;
+//     set, e.g. for Python callers of the same library), with the calling
+//     thread running tasks too, or alone, as the op chooses (PoolUse);
 //   - workspace comes from a per-thread arena (workspace_arena.h).
 // - libtvm_ffi's symbols are made global, so a kernel that raises finds
 //   TVMFFIErrorSetRaisedFromCStrParts although tf.load_op_library loaded us
@@ -42,20 +42,28 @@ BackendHooks FindBackendHooks(void* library_handle);
 // (e.g. from Python) resets them.
 void RouteBackendCalls(const BackendHooks& hooks);
 
+// How a call's parallel loop uses the intra-op pool (tvm_bridge.cc,
+// LaunchOnIntraOpPool, says what each costs).
+enum class PoolUse {
+  kPoolOnly,           // every task on the pool, the launcher asleep meanwhile
+  kLauncherJoins,      // the launcher runs tasks too, one pool thread fewer woken
+  kCallingThreadOnly,  // one task on the launcher: too small to share
+};
+
 // While alive, TVM parallel loops started on this thread run on `workers`,
-// or, with `on_calling_thread`, as one task on this thread: a call too small
-// to pay for waking pool threads and waiting for them.
+// as `use` says.
 class ScopedIntraOpPool {
  public:
-  ScopedIntraOpPool(const tensorflow::DeviceBase::CpuWorkerThreads* workers,
-                    bool on_calling_thread = false);
+  explicit ScopedIntraOpPool(
+      const tensorflow::DeviceBase::CpuWorkerThreads* workers,
+      PoolUse use = PoolUse::kPoolOnly);
   ~ScopedIntraOpPool();
   ScopedIntraOpPool(const ScopedIntraOpPool&) = delete;
   ScopedIntraOpPool& operator=(const ScopedIntraOpPool&) = delete;
 
  private:
   const tensorflow::DeviceBase::CpuWorkerThreads* previous_;
-  bool previous_on_calling_thread_;
+  PoolUse previous_use_;
 };
 
 // A float32 CPU DLTensor over `data`, row-major and contiguous, or with

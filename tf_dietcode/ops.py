@@ -105,6 +105,8 @@ def softmax(logits: TensorLike, *, name: str | None = None) -> tf.Tensor:
 def bundle_stats(bundle: str) -> dict:
     """How this process uses a kernel bundle: "problem" (why it is not used,
     "" when it is), calls per tuned kernel of each workload, generic calls, and
-    "calling_thread_calls": tuned calls too small to split over the intra-op
-    pool, run on the op's own thread."""
+    tuned calls by their use of the intra-op pool: "calling_thread_calls" (too
+    small to split, run on the op's own thread), "launcher_joined_calls" (the
+    op's thread running tasks beside one pool thread) and "pool_calls" (every
+    task on the pool)."""
     return json.loads(load_op_library().dietcode_bundle_stats(bundle=bundle).numpy())
