@@ -26,6 +26,15 @@ thread_local PoolUse pool_use = PoolUse::kPoolOnly;
 // the VMs measured, about what a pool thread that woke late lags behind.
 constexpr int64_t kJoinedSpinMicros = 200;
 
+// A spin-wait hint to the core (and to its hyperthread sibling).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // One parallel launch, shared by the pool closures that run it (and a
 // launcher that runs tasks too): whoever comes first claims the next task. A
 // closure that wakes after every task is claimed finds nothing to do and only
@@ -48,7 +57,7 @@ struct Launch {
                           std::chrono::microseconds(spin_micros);
     for (int i = 0; spin_micros > 0 && !done.HasBeenNotified(); ++i) {
       if (i % 64 == 0 && std::chrono::steady_clock::now() > deadline) break;
-      __builtin_ia32_pause();
+      CpuRelax();
     }
     done.WaitForNotification();
   }
