@@ -54,9 +54,8 @@ enum class PoolUse {
 // as `use` says.
 class ScopedIntraOpPool {
  public:
-  explicit ScopedIntraOpPool(
-      const tensorflow::DeviceBase::CpuWorkerThreads* workers,
-      PoolUse use = PoolUse::kPoolOnly);
+  ScopedIntraOpPool(const tensorflow::DeviceBase::CpuWorkerThreads* workers,
+                    PoolUse use);
   ~ScopedIntraOpPool();
   ScopedIntraOpPool(const ScopedIntraOpPool&) = delete;
   ScopedIntraOpPool& operator=(const ScopedIntraOpPool&) = delete;
