@@ -15,7 +15,7 @@ from tf_dietcode.tuning import hardware
 PACKAGES = ("tensorflow", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "tf2onnx", "xgboost", "scikit-learn",
             "numpy")
 KERNEL_PEERS = ("xla", "onnxruntime", "tensorflow_onednn_off", "dietcode_generic")
-BERT_PEERS = ("dietcode", "dietcode_separate_qkv", "xla", "onnxruntime", "tensorflow_onednn_off")
+BERT_PEERS = ("dietcode", "dietcode_merged_qkv", "xla", "onnxruntime", "tensorflow_onednn_off")
 
 METHOD = """\
 - Threads: every peer runs with 2 intra-op threads (this machine's cores) and one inter-op thread;
@@ -160,8 +160,8 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
     parts.append(
         f"## BERT-base end to end\n\nFrom {link('bert_base.csv')} (plot {link('bert_base.png')}): 12 layers, "
         "hidden 768, 12 heads, FFN 3072, Keras 3 layers, optimized by `tf_dietcode.optimize()` "
-        "with its defaults (`dietcode`: Q/K/V as one GEMM) and without horizontal fusion "
-        "(`dietcode_separate_qkv`; full run only). Speed-up over TF:\n\n"
+        "with its defaults (`dietcode`: Q/K/V as three GEMMs) and with horizontal fusion "
+        "(`dietcode_merged_qkv`; full run only). Speed-up over TF:\n\n"
         + table(["batch", *BERT_PEERS],
                 [[w.rsplit("batch", 1)[1], *(cell(bert_speedups[p].get(w)) for p in BERT_PEERS)]
                  for w in dict.fromkeys(r["workload"] for r in bert)]))

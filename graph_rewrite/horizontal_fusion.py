@@ -5,7 +5,9 @@ states; with their weights concatenated, [M, K] x [K, 3N] is one product
 whose bigger N keeps every core busy at small M, and one call replaces
 three. The product is written group-major, [layers, M, N] (the op's `groups`),
 so TF splits it back into each layer's output without copying. Only layers of
-the same width are merged (each group must be one block of the output).
+the same width are merged (each group must be one block of the output), and
+only where that width is a whole number of SIMD vectors: the kernels' tasks
+must not straddle two layers, and their column tiles are whole vectors.
 
 Every dense layer the rewriter emits is a DenseGroup: a lone layer is a group
 of one, so one replacement serves both.
@@ -65,12 +67,12 @@ class DenseGroup(WeightDims):
         return np.ascontiguousarray(np.concatenate([m.weight for m in self.members], axis=1))
 
 
-def group(matches: list[DenseMatch], fuse: bool = True) -> list[DenseGroup]:
+def group(matches: list[DenseMatch], fuse: bool, vector_lanes: int) -> list[DenseGroup]:
     """The layers as groups, in the matches' order: with `fuse`, layers with the same input,
-    contracted dims, width and activation share one group; without, each is its own."""
-    if not fuse:
-        return [DenseGroup((m,)) for m in matches]
+    contracted dims, width and activation share one group where the width is a multiple of
+    `vector_lanes`; every other layer is a group of its own."""
     groups = collections.defaultdict(list)
     for match in matches:
-        groups[(match.source, match.contracted, match.n, match.activation)].append(match)
+        mergeable = fuse and match.n % vector_lanes == 0
+        groups[(match.source, match.contracted, match.n, match.activation) if mergeable else id(match)].append(match)
     return [DenseGroup(tuple(members)) for members in groups.values()]

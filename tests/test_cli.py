@@ -31,15 +31,17 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
 
 
 def test_optimize_a_saved_model(tmp_path, capsys):
+    # relu layers on one input: two of width 16 merge; two of width 10 (a whole number of SIMD
+    # vectors nowhere) stay separate GEMMs, as the kernels' tasks must not straddle two layers
     inputs = keras.Input((None, 16), name="x")
-    outputs = keras.layers.Concatenate()([keras.layers.Dense(n, activation="relu")(inputs) for n in (8, 4)])
+    outputs = keras.layers.Concatenate()([keras.layers.Dense(n, activation="relu")(inputs) for n in (16, 16, 10, 10)])
     keras.Model(inputs, outputs).export(str(tmp_path / "in"), verbose=False)
     arguments = ["optimize", "--dir", str(tmp_path / "in"), "--output_dir", str(tmp_path / "out"),
                  "--shape_range", "x=1:2,1:10,16", "--signature_def", "serving_default", "--trials", "3", "--quick",
-                 "--no_horizontal_fusion"]
+                 "--horizontal_fusion"]
     assert cli.main(arguments) == 0
     summary = capsys.readouterr().out
-    assert "dense (tensordot): 2 / 2" in summary and "horizontal fusion: off" in summary
+    assert "dense (tensordot): 4 / 4" in summary and "2 GEMMs sharing an input merged into 1" in summary
     x = np.ones((2, 7, 16), np.float32)
     np.testing.assert_allclose(tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"](x=x)["output_0"],
                                tf.saved_model.load(str(tmp_path / "in")).signatures["serving_default"](x=x)["output_0"],

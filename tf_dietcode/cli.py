@@ -73,7 +73,7 @@ def _optimize(args) -> int:
     report = tf_dietcode.optimize(args.dir, args.output_dir, tags=args.tag_set.split(","),
                                   signature_keys=args.signature_def, shape_ranges=_shape_ranges(args.shape_range),
                                   tuning=_budget(args), database=Database(args.db) if args.db else None,
-                                  horizontal_fusion=not args.no_horizontal_fusion,
+                                  horizontal_fusion=args.horizontal_fusion,
                                   layer_norm_fusion=not args.no_layer_norm_fusion, overwrite=args.overwrite)
     print(report.summary())
     if not report.fused:
@@ -131,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     optimize.add_argument("--shape_range", action="append", default=[],
                           help="NAME=DIM,DIM,...: an input's dims, each a size or LO:HI")
     optimize.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
-    optimize.add_argument("--no_horizontal_fusion", action="store_true",
-                          help="keep dense layers that read the same input (Q/K/V) as separate GEMMs")
+    optimize.add_argument("--horizontal_fusion", action="store_true",
+                          help="merge dense layers that read the same input (Q/K/V) into one GEMM")
+    optimize.add_argument("--no_horizontal_fusion", dest="horizontal_fusion", action="store_false",
+                          help="keep them separate GEMMs (the default)")
     optimize.add_argument("--no_layer_norm_fusion", action="store_true",
                           help="keep layer norms as TF's ops instead of one DietcodeLayerNorm each")
     for command in (tune, optimize):

@@ -57,8 +57,8 @@ class Report:
                   f"{count} / {self.fused[form]}" for form, count in sorted(self.found.items())]
         lines += [f"  left alone: {p.form} {p.node}: {p.reason}" for p in self.left_alone]
         lines.append("horizontal fusion: {} GEMMs sharing an input merged into {}".format(*self.merged)
-                     if self.horizontal_fusion else "horizontal fusion: off (horizontal_fusion=False or "
-                     "--no_horizontal_fusion; on, it merges dense layers that read the same input)")
+                     if self.horizontal_fusion else "horizontal fusion: off (the default; horizontal_fusion=True or "
+                     "--horizontal_fusion merges dense layers that read the same input)")
         lines.append(f"workloads tuned: {len(self.workloads)}")
         lines += [f"  {w.describe()}" + (f" ({self.dims[w]})" if w in self.dims else "") for w in self.workloads]
         if self.output_dir:
@@ -118,7 +118,7 @@ class Converter:
     def __init__(self, input_saved_model_dir: str | pathlib.Path, *, tags=("serve",),
                  signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
                  tuning: search.SearchOptions = search.SearchOptions(), database=None,
-                 horizontal_fusion: bool = True, layer_norm_fusion: bool = True):
+                 horizontal_fusion: bool = False, layer_norm_fusion: bool = True):
         self.input_dir = pathlib.Path(input_saved_model_dir)
         if not tf.saved_model.contains_saved_model(str(self.input_dir)):
             raise ValueError(f"{self.input_dir} is not a SavedModel directory")
@@ -145,11 +145,12 @@ class Converter:
         self.dense_layers, self.attention, self.layer_norms, self.softmaxes = {}, {}, {}, {}
         self.ranges, self._indexes = {}, {}
         notes, left, found = [], [], collections.Counter()
+        lanes = hardware.detect().vector_lanes
         for graph in self.graphs:
             captured = {name: variables[id(t)].numpy() for name, t in graph.captures.items() if id(t) in variables}
             index = self._indexes[graph.key] = GraphIndex(graph.graph_def, captured)
             matches, left_alone = dense_patterns.find(index)
-            self.dense_layers[graph.key] = horizontal_fusion.group(matches, self.horizontal_fusion)
+            self.dense_layers[graph.key] = horizontal_fusion.group(matches, self.horizontal_fusion, lanes)
             left += left_alone
             self.attention[graph.key] = attention_patterns.find(index)
             provisional, _ = shape_ranges.resolve(graph.input_specs, self.shape_ranges)
@@ -374,14 +375,13 @@ def _checked_output(output_dir: str | pathlib.Path, input_dir: str | pathlib.Pat
 def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: str | pathlib.Path, *,
              tags=("serve",), signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
              input_fn=None, tuning: search.SearchOptions = search.SearchOptions(), database=None,
-             horizontal_fusion: bool = True, layer_norm_fusion: bool = True, overwrite: bool = False) -> Report:
+             horizontal_fusion: bool = False, layer_norm_fusion: bool = True, overwrite: bool = False) -> Report:
     """Optimizes a SavedModel for the given shape ranges (or representative inputs); returns the report.
 
     horizontal_fusion: dense layers that read the same input (attention's query, key and value
-    projections) run as one GEMM over their concatenated weights. On BERT-base, timed paired
-    against the model without it, it was faster at small T and slower beyond noise nowhere, in
-    two tunings on an Emerald Rapids VM; on a Zen 4 VM one tuning lost 5% at batch 1, T = 119-128
-    (docs/decisions.md).
+    projections) run as one GEMM over their concatenated weights. Off by default: on BERT-base,
+    timed paired against the model without it, it was slower beyond noise at batch 1, T = 1-24
+    (3-5%) since small calls join TF's pool, and faster at T = 43-62 (docs/decisions.md).
 
     layer_norm_fusion: each layer norm TF runs as a dozen ops (Keras' LayerNormalization,
     tf.nn.batch_normalization over tf.nn.moments) runs as one DietcodeLayerNorm.
