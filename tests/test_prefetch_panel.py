@@ -1,6 +1,7 @@
-"""PrefetchNextPanel: cold dense kernels whose tasks are one packed panel each ask for
-the next task's panel from inside their compute, and compute what they computed
-without it; other kernels prefetch nothing."""
+"""PrefetchNextPanel: dense kernels whose tasks are one packed panel each ask for the
+next task's panel from inside their compute (with a weight in the caches, only tasks of
+two whole row tiles or more), and compute what they computed without it; other kernels
+prefetch nothing."""
 
 import dataclasses
 
@@ -22,9 +23,9 @@ FFN_IN = Workload("dense", (1, 2048), 3072, 768, bias=True, activation="gelu_tan
 PREFETCHING = MicroKernel(tile_m=6, tile_n=16, tile_k=256, task_n=1, k_outer=False, packed=True, task_m=0)
 
 
-def _lowered(workload: Workload, kernel: MicroKernel) -> tir_stmt.Stmt:
+def _lowered(workload: Workload, kernel: MicroKernel, dims: dict | None = None) -> tir_stmt.Stmt:
     """The kernel's body right after our PrefetchNextPanel pass."""
-    return build_seen_after("tf_dietcode.PrefetchNextPanel", workload, kernel)[1].body
+    return build_seen_after("tf_dietcode.PrefetchNextPanel", workload, kernel, dims)[1].body
 
 
 _PREFETCH = tirx.call_llvm_intrin("void", "llvm.prefetch.p0", *[tirx.const(0, "int32")] * 4)
@@ -60,12 +61,38 @@ def test_prefetching_kernels_ask_for_the_next_panel_from_the_compute_loop():
         assert all((task + 1) * panel <= index < (task + 2) * panel for index in indices)  # the next panel only
 
 
+def _guarded_prefetches(body) -> list[tir_stmt.IfThenElse]:
+    """The branches whose then-case holds prefetches."""
+    branches = []
+    tvm_ffi.structural_walk(body, (tir_stmt.IfThenElse, branches.append))
+    return [branch for branch in branches if _prefetches_and_loops(branch.then_case)[0]]
+
+
+WARM = dataclasses.replace(FFN_IN, cold_weight=False)
+
+
+def test_warm_kernels_prefetch_from_two_whole_row_tiles():
+    assert dense.prefetches_next_panel(WARM, PREFETCHING)
+    symbolic = _lowered(WARM, PREFETCHING)
+    calls, loops = _prefetches_and_loops(symbolic)
+    guarded = _guarded_prefetches(symbolic)
+    assert calls and guarded and sum(len(_prefetches_and_loops(g.then_case)[0]) for g in guarded) == len(calls)
+    tile = PREFETCHING.tile_m
+    # each guard asks whether M fills two row tiles
+    for branch in guarded:
+        condition = branch.condition
+        assert isinstance(condition, tirx.GE) and isinstance(condition.a, tirx.Var) and condition.a.name == "M"
+        assert int(condition.b) == dense.WARM_PREFETCH_MIN_ROW_TILES * tile
+    for m, prefetches in ((tile + tile // 2, False), (2 * tile, True), (97, True)):  # one whole tile and a part: none
+        calls, _ = _prefetches_and_loops(_lowered(WARM, PREFETCHING, WARM.dims_at((m,))))
+        assert bool(calls) == prefetches, m
+
+
 @pytest.mark.parametrize("workload, kernel", [
-    (dataclasses.replace(FFN_IN, cold_weight=False), PREFETCHING),      # the weight stays in the caches
     (FFN_IN, dataclasses.replace(PREFETCHING, task_n=2)),               # two panels per task
     (FFN_IN, dataclasses.replace(PREFETCHING, task_m=1)),               # tasks split rows too
     (FFN_IN, dataclasses.replace(PREFETCHING, packed=False, task_m=1)),  # the weight read in place
-], ids=["warm", "two_panels", "row_tasks", "in_place"])
+], ids=["two_panels", "row_tasks", "in_place"])
 def test_other_kernels_ask_for_nothing(workload, kernel):
     assert not dense.prefetches_next_panel(workload, kernel)
     calls, _ = _prefetches_and_loops(_lowered(workload, kernel))
@@ -75,7 +102,7 @@ def test_other_kernels_ask_for_nothing(workload, kernel):
 ONE_TASK = Workload("dense", (1, 20), 24, 16, cold_weight=True)  # one panel: lowering drops the parallel loop
 
 
-@pytest.mark.parametrize("workload, kernel", [(FFN_IN, PREFETCHING),
+@pytest.mark.parametrize("workload, kernel", [(FFN_IN, PREFETCHING), (WARM, PREFETCHING),
                                               (FFN_IN, MicroKernel(4, 24, 768, 1, True, True, 0)),
                                               (ONE_TASK, MicroKernel(2, 32, 16, 1, False, True, 0))],
                          ids=lambda value: getattr(value, "name", None))

@@ -35,14 +35,15 @@ _LINE_FLOATS = 16  # one 64-byte cache line
 
 
 def annotate(sch: s_tir.Schedule, rows, k_blocks, k_steps, k: int, tile_k: int, tile_n: int, weight_floats: int,
-             buffer: str) -> None:
+             buffer: str, m: int | str, min_m: int) -> None:
     """Mark a packed dense kernel's loops for PrefetchNextPanel: `k_steps` (the compute's k loop
-    inside a K block of tile_k) is split into blocks of EVERY steps."""
+    inside a K block of tile_k) is split into blocks of EVERY steps. Only calls whose M (a
+    constant, or the name of the symbolic var) is at least `min_m` prefetch."""
     blocks, _ = sch.split(k_steps, [None, EVERY])
     sch.annotate(rows, ROWS, 1)
     sch.annotate(k_blocks, BLOCKS, 1)
     sch.annotate(blocks, STEPS, {"k": k, "tile_k": tile_k, "tile_n": tile_n, "size": weight_floats,
-                                 "buffer": buffer})
+                                 "buffer": buffer, "m": m, "min_m": min_m})
 
 
 def _index(loop: tir_stmt.For | None, dtype: str) -> tvm.ir.Expr:
@@ -52,10 +53,15 @@ def _index(loop: tir_stmt.For | None, dtype: str) -> tvm.ir.Expr:
     return tirx.Cast(dtype, loop.loop_var - loop.min)
 
 
-def _prefetches(loop: tir_stmt.For, enclosing: tuple) -> list[tir_stmt.Stmt]:
-    """One prefetch per cache line of the next panel's k row that this block of steps covers."""
+def _prefetches(loop: tir_stmt.For, enclosing: tuple, bound: dict) -> list[tir_stmt.Stmt]:
+    """One prefetch per cache line of the next panel's k row that this block of steps covers,
+    behind the condition on M (none where M is a constant below it). `bound`: the function's
+    variables by name, where a symbolic M is found."""
     spec = loop.annotations[STEPS]
-    k, tile_k, tile_n, size = (int(spec[key]) for key in ("k", "tile_k", "tile_n", "size"))
+    k, tile_k, tile_n, size, min_m = (int(spec[key]) for key in ("k", "tile_k", "tile_n", "size", "min_m"))
+    m = bound[str(spec["m"])] if isinstance(spec["m"], str) else int(spec["m"])
+    if isinstance(m, int) and m < min_m:
+        return []
     marked = {mark: next((outer for outer in loops(enclosing) if mark in outer.annotations), None) for mark in (ROWS, BLOCKS)}
     task = next((outer for outer in loops(enclosing) if outer.kind == tir_stmt.ForKind.PARALLEL), None)  # None: one task
     dtype = "int64"
@@ -67,12 +73,16 @@ def _prefetches(loop: tir_stmt.For, enclosing: tuple) -> list[tir_stmt.Stmt]:
     row = tirx.min(position, const(k - 1))
     next_panel = (_index(task, dtype) + const(1)) * const(k * tile_n)
     buffer = _weight(loop, str(spec["buffer"]))
-    return [tir_stmt.Evaluate(tirx.call_llvm_intrin(
+    prefetches = [tir_stmt.Evaluate(tirx.call_llvm_intrin(
         "void", "llvm.prefetch.p0",
         tirx.address_of(tirx.BufferLoad(buffer, [tirx.min(next_panel + row * const(tile_n) + const(line),
                                                           const(size - 1))])),
         tirx.const(0, "int32"), tirx.const(3, "int32"), tirx.const(1, "int32")))  # read, all cache levels, data
         for line in range(0, tile_n, _LINE_FLOATS)]
+    if isinstance(m, int) or min_m == 0:
+        return prefetches
+    enough_rows = m >= tirx.const(min_m, m.ty.dtype)
+    return [tir_stmt.IfThenElse(enough_rows, prefetches[0] if len(prefetches) == 1 else tir_stmt.SeqStmt(prefetches), None)]
 
 
 def _weight(loop: tir_stmt.For, name: str) -> tirx.Buffer:
@@ -82,7 +92,7 @@ def _weight(loop: tir_stmt.For, name: str) -> tirx.Buffer:
     return next(load.source for load in loads if load.source.name == name)
 
 
-def prefetch_next_panel(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.For:
+def prefetch_next_panel(loop: tir_stmt.For, enclosing: tuple, bound: dict) -> tir_stmt.For:
     """A marked loop without its mark; a block of steps with its prefetches after its bindings."""
     marks = [mark for mark in (ROWS, BLOCKS, STEPS) if mark in loop.annotations]
     if not marks:
@@ -92,10 +102,14 @@ def prefetch_next_panel(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.For:
         return with_body(loop, loop.body, annotations=annotations)
     body = statements(loop.body)
     bindings = next((i for i, statement in enumerate(body) if not isinstance(statement, tir_stmt.Bind)), len(body))
-    with_prefetches = [*body[:bindings], *_prefetches(loop, enclosing), *body[bindings:]]
-    return with_body(loop, tir_stmt.SeqStmt(with_prefetches), annotations=annotations)
+    with_prefetches = [*body[:bindings], *_prefetches(loop, enclosing, bound), *body[bindings:]]
+    new_body = with_prefetches[0] if len(with_prefetches) == 1 else tir_stmt.SeqStmt(with_prefetches)
+    return with_body(loop, new_body, annotations=annotations)
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.PrefetchNextPanel")
 def PrefetchNextPanel(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:  # noqa: N802 (TVM pass naming)
-    return func.with_body(rebuild_loops(func.body, prefetch_next_panel))
+    bindings = []  # the packed API binds each symbolic dim, M among them, once at the function's head
+    tvm_ffi.structural_walk(func.body, (tir_stmt.Bind, bindings.append))
+    bound = {binding.var.name: binding.var for binding in bindings}
+    return func.with_body(rebuild_loops(func.body, lambda loop, enclosing: prefetch_next_panel(loop, enclosing, bound)))

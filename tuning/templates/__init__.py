@@ -28,8 +28,9 @@ import importlib
 # 21: batch matmul never pads K: its last K block is shorter, and x is always read in place;
 # 22: a fetched tile's padding is zeroed, not left as scratch memory: copy_inside_bounds;
 # 23: a transposing fetch (batch matmul NT's y) copies square blocks through registers: transpose_in_registers;
-# 24: register tiles of 1 KiB or more stay on the stack too: register_tiles).
-TEMPLATES_VERSION = 24
+# 24: register tiles of 1 KiB or more stay on the stack too: register_tiles;
+# 25: a packed one-panel dense task prefetches its next panel with a warm weight too (two row tiles on)).
+TEMPLATES_VERSION = 25
 
 import functools
 

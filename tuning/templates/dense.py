@@ -124,20 +124,32 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
         copy_panel(sch, block, task, kernel.tile_n)
     if prefetches_next_panel(workload, kernel):
         depth = workload.k.hi
+        rows = dim(workload, "m", dims)
         prefetch_panel.annotate(sch, i_outer, k_outer, k_inner, depth, kernel.tile_k, kernel.tile_n,
-                                weight_blocks(workload, kernel) * depth * kernel.tile_n, "wp")
+                                weight_blocks(workload, kernel) * depth * kernel.tile_n, "wp",
+                                rows.name if isinstance(rows, tirx.Var) else int(rows),
+                                0 if workload.cold_weight else WARM_PREFETCH_MIN_ROW_TILES * kernel.tile_m)
     accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), ji, i_inner, middle[0], kernel.task_n == 1)
     return sch.mod
 
 
+# A weight in the caches is prefetched only where M fills this many row tiles or more.
+WARM_PREFETCH_MIN_ROW_TILES = 2
+
+
 def prefetches_next_panel(workload: Workload, kernel: MicroKernel) -> bool:
     """Whether the kernel prefetches its next task's panel during its compute (tuning/prefetch_panel.py):
-    where the weight comes from DRAM (`cold_weight`) and each task computes one packed panel (task_n = 1,
-    task_m = 0), the next panel in memory being the one its thread computes next. Always, not a
-    tuning choice: BERT-base optimized from one tuning database, so with the same kernels, ran
-    1.07x as fast with it at batch 1 over T = 1..128 (1.16-1.19x at T = 17-24), where as a
-    choice the quick budget found too few prefetching kernels to show a gain."""
-    return workload.cold_weight and kernel.packed and kernel.task_n == 1 and kernel.task_m == 0
+    where each task computes one packed panel (task_n = 1, task_m = 0), the next panel in memory
+    being the one its thread computes next. Not a tuning choice, so every such kernel has it:
+    - From DRAM (`cold_weight`), always: BERT-base optimized from one tuning database, so with
+      the same kernels, ran 1.07x as fast with it at batch 1 over T = 1..128 (1.16-1.19x at
+      T = 17-24), where as a choice the quick budget found too few prefetching kernels to show a gain.
+    - From the last-level cache, from two whole row tiles per task (WARM_PREFETCH_MIN_ROW_TILES):
+      BERT's [T, 768] x [2304, 768]^T with the weight warm, the same kernels with and without it,
+      interleaved (Emerald Rapids, 2 threads): 1.04-1.25x at M = 12-128 for 6 x 48 tiles, 1.06-1.11x
+      at M = 17-128 for 8 x 48, and at M = 16..2048 (batch 16) 0.98-1.08x; with one whole row tile
+      (M = 1-11 for 6-row tiles) it lost 2-13%, the panel's stream then being all the task does."""
+    return kernel.packed and kernel.task_n == 1 and kernel.task_m == 0
 
 
 def copy_panel(sch: s_tir.Schedule, block, task, tile_n: int) -> None:
