@@ -92,7 +92,8 @@ def test_warm_kernels_prefetch_from_two_whole_row_tiles():
     (FFN_IN, dataclasses.replace(PREFETCHING, task_n=2)),               # two panels per task
     (FFN_IN, dataclasses.replace(PREFETCHING, task_m=1)),               # tasks split rows too
     (FFN_IN, dataclasses.replace(PREFETCHING, packed=False, task_m=1)),  # the weight read in place
-], ids=["two_panels", "row_tasks", "in_place"])
+    (FFN_IN, dataclasses.replace(PREFETCHING, tile_k=6)),               # K blocks not whole blocks of steps
+], ids=["two_panels", "row_tasks", "in_place", "partial_step_blocks"])
 def test_other_kernels_ask_for_nothing(workload, kernel):
     assert not dense.prefetches_next_panel(workload, kernel)
     calls, _ = _prefetches_and_loops(_lowered(workload, kernel))

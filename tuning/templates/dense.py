@@ -148,8 +148,11 @@ def prefetches_next_panel(workload: Workload, kernel: MicroKernel) -> bool:
       BERT's [T, 768] x [2304, 768]^T with the weight warm, the same kernels with and without it,
       interleaved (Emerald Rapids, 2 threads): 1.04-1.25x at M = 12-128 for 6 x 48 tiles, 1.06-1.11x
       at M = 17-128 for 8 x 48, and at M = 16..2048 (batch 16) 0.98-1.08x; with one whole row tile
-      (M = 1-11 for 6-row tiles) it lost 2-13%, the panel's stream then being all the task does."""
-    return kernel.packed and kernel.task_n == 1 and kernel.task_m == 0
+      (M = 1-11 for 6-row tiles) it lost 2-13%, the panel's stream then being all the task does.
+    Only where K blocks split into whole blocks of prefetch_panel.EVERY steps: a partial block
+    would put a bound check in the compute loop."""
+    return (kernel.packed and kernel.task_n == 1 and kernel.task_m == 0
+            and kernel.tile_k % prefetch_panel.EVERY == 0)
 
 
 def copy_panel(sch: s_tir.Schedule, block, task, tile_n: int) -> None:
