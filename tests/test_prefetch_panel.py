@@ -62,10 +62,13 @@ def test_prefetching_kernels_ask_for_the_next_panel_from_the_compute_loop():
 
 
 def _guarded_prefetches(body) -> list[tir_stmt.IfThenElse]:
-    """The branches whose then-case holds prefetches."""
+    """The branches whose then-case is prefetches alone."""
     branches = []
     tvm_ffi.structural_walk(body, (tir_stmt.IfThenElse, branches.append))
-    return [branch for branch in branches if _prefetches_and_loops(branch.then_case)[0]]
+    return [branch for branch in branches
+            if all(isinstance(s, tir_stmt.Evaluate) and _prefetches_and_loops(s)[0]
+                   for s in (branch.then_case.seq if isinstance(branch.then_case, tir_stmt.SeqStmt)
+                             else [branch.then_case]))]
 
 
 WARM = dataclasses.replace(FFN_IN, cold_weight=False)

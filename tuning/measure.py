@@ -19,8 +19,8 @@ import time
 import numpy as np
 import tvm
 
-from tf_dietcode.tuning import (guarded_loops, prefetch_panel, register_tiles, task_scratch, templates,
-                                 transpose_in_registers)
+from tf_dietcode.tuning import (guarded_loops, prefetch_panel, register_tiles, remainder_rows, task_scratch,
+                                 templates, transpose_in_registers)
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -60,7 +60,8 @@ def _pipeline():
     LowerTVMBuiltin, in the finalizing passes, turns tiles into workspace calls)."""
     lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
     ours = [guarded_loops.ShrinkGuardedLoops, transpose_in_registers.TransposeInRegisters,
-            register_tiles.RegisterTiles, prefetch_panel.PrefetchNextPanel, task_scratch.AllocatePerTask]
+            register_tiles.RegisterTiles, remainder_rows.SpecializeRemainderRows, prefetch_panel.PrefetchNextPanel,
+            task_scratch.AllocatePerTask]
     return tvm.transform.Sequential([lower, *ours]), finalize_host, finalize_device
 
 

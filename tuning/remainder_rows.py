@@ -1,0 +1,77 @@
+"""A TIR pass that gives a symbolic kernel's last, partial row tile one copy per
+row count: `for ax0 in range(min(C, E)): write back row ax0` at the end of a
+tile becomes `if min(C, E) == 1: <compute; write back 1 row> elif ... == 2:
+... else: <as before>`, for every count below C.
+
+Why: LoopPartition splits a row-tile loop into the whole tiles and a remainder,
+and in a symbolic kernel the remainder's write-back runs a variable number of
+rows. LLVM keeps an accumulator in registers only where every access has a
+constant index, so the remainder's stayed in memory: a load and a store around
+each of its FMAs. A static build writes back a constant count, so LLVM kept
+its remainder in registers and dropped the rows past M as dead. The dense
+kernel `m6_n48_k768_t1_ki_p_rall` at M = 37 (six whole tiles and one row)
+ran 461 us symbolic against 423 static, and 393 at M = 36 (Emerald Rapids, 2
+threads). With one copy per count, each copy's write-back has a constant trip
+count, as in the static build.
+
+The copies follow the remainder's last binding, so the count's variables are
+in scope; what they define is renamed afterwards (ConvertSSA), each variable
+being defined once per function.
+"""
+
+import tvm
+from tvm import tirx
+from tvm.tirx import stmt as tir_stmt
+
+from tf_dietcode.tuning.guarded_loops import rebuild_loops, statements, with_body
+
+MAX_ROWS = 8  # register tiles have at most this many rows: a larger count is not a tile's write-back
+
+
+def _row_count(write_back: tir_stmt.Stmt):
+    """(C, the count) for a loop over `min(C, E)` rows with 2 <= C <= MAX_ROWS, else None."""
+    if not isinstance(write_back, tir_stmt.For) or not isinstance(write_back.extent, tirx.Min):
+        return None
+    constant = [term for term in (write_back.extent.a, write_back.extent.b) if isinstance(term, tirx.IntImm)]
+    if len(constant) != 1 or not 2 <= int(constant[0]) <= MAX_ROWS:
+        return None
+    return int(constant[0]), write_back.extent
+
+
+def _one_copy_per_count(loop: tir_stmt.For, _enclosing: tuple) -> tir_stmt.For:
+    """The loop, with what follows its body's last binding copied once per row count if its body ends
+    in a write-back of `min(C, E)` rows."""
+    body = statements(loop.body)
+    found = _row_count(body[-1])
+    bindings = [i for i, statement in enumerate(body) if isinstance(statement, tir_stmt.Bind)]
+    if found is None or not bindings:
+        return loop
+    rows, count = found
+    head, tail = body[:bindings[-1] + 1], body[bindings[-1] + 1:]
+    write_back = tail[-1]
+    specialized = _sequence(tail)
+    for fixed in range(rows - 1, 0, -1):
+        constant = tirx.const(fixed, count.ty.dtype)
+        copy = _sequence([*tail[:-1], with_body(write_back, write_back.body, extent=constant)])
+        specialized = tir_stmt.IfThenElse(count == constant, copy, specialized)
+    return with_body(loop, _sequence([*head, specialized]))
+
+
+def _sequence(stmts: list[tir_stmt.Stmt]) -> tir_stmt.Stmt:
+    return stmts[0] if len(stmts) == 1 else tir_stmt.SeqStmt(stmts)
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.SpecializeRemainderRows")
+def SpecializeRemainderRows(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:  # noqa: N802 (TVM pass naming)
+    copied = []
+
+    def rewrite(loop, enclosing):
+        rewritten = _one_copy_per_count(loop, enclosing)
+        if rewritten is not loop:
+            copied.append(loop)
+        return rewritten
+
+    body = rebuild_loops(func.body, rewrite)
+    if not copied:
+        return func
+    return tvm.tirx.transform.ConvertSSA()(tvm.IRModule({"main": func.with_body(body)}))["main"]
