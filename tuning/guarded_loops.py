@@ -77,6 +77,14 @@ def statements(body: tir_stmt.Stmt) -> list[tir_stmt.Stmt]:
     return list(body.seq) if isinstance(body, tir_stmt.SeqStmt) else [body]
 
 
+def sequence(parts: list[tir_stmt.Stmt]) -> tir_stmt.Stmt:
+    """The statements as one: a SeqStmt, the single one (TVM forbids a SeqStmt of one), or a no-op
+    where none is left."""
+    if not parts:
+        return tir_stmt.Evaluate(tirx.const(0, "int32"))
+    return parts[0] if len(parts) == 1 else tir_stmt.SeqStmt(parts)
+
+
 def _guard(body: tir_stmt.Stmt):
     """(bindings, the if) where the body is `Bind*; if cond: ...` with no else, else None."""
     *bindings, last = statements(body)

@@ -27,7 +27,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import loops, rebuild_loops, statements, with_body
+from tf_dietcode.tuning.guarded_loops import loops, rebuild_loops, sequence, statements, with_body
 
 EVERY = 4  # k steps per prefetch of one k row of the next panel
 ROWS, BLOCKS, STEPS = (f"tf_dietcode.prefetch_{mark}" for mark in ("rows", "k_blocks", "steps"))
@@ -82,7 +82,7 @@ def _prefetches(loop: tir_stmt.For, enclosing: tuple, bound: dict) -> list[tir_s
     if isinstance(m, int) or min_m == 0:
         return prefetches
     enough_rows = m >= tirx.const(min_m, m.ty.dtype)
-    return [tir_stmt.IfThenElse(enough_rows, prefetches[0] if len(prefetches) == 1 else tir_stmt.SeqStmt(prefetches), None)]
+    return [tir_stmt.IfThenElse(enough_rows, sequence(prefetches), None)]
 
 
 def _weight(loop: tir_stmt.For, name: str) -> tirx.Buffer:
@@ -103,8 +103,7 @@ def prefetch_next_panel(loop: tir_stmt.For, enclosing: tuple, bound: dict) -> ti
     body = statements(loop.body)
     bindings = next((i for i, statement in enumerate(body) if not isinstance(statement, tir_stmt.Bind)), len(body))
     with_prefetches = [*body[:bindings], *_prefetches(loop, enclosing, bound), *body[bindings:]]
-    new_body = with_prefetches[0] if len(with_prefetches) == 1 else tir_stmt.SeqStmt(with_prefetches)
-    return with_body(loop, new_body, annotations=annotations)
+    return with_body(loop, sequence(with_prefetches), annotations=annotations)
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.PrefetchNextPanel")

@@ -23,7 +23,7 @@ import tvm
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import rebuild_loops, statements, with_body
+from tf_dietcode.tuning.guarded_loops import rebuild_loops, sequence, statements, with_body
 
 MAX_ROWS = 8  # register tiles have at most this many rows: a larger count is not a tile's write-back
 
@@ -49,16 +49,12 @@ def _one_copy_per_count(loop: tir_stmt.For, _enclosing: tuple) -> tir_stmt.For:
     rows, count = found
     head, tail = body[:bindings[-1] + 1], body[bindings[-1] + 1:]
     write_back = tail[-1]
-    specialized = _sequence(tail)
+    specialized = sequence(tail)
     for fixed in range(rows - 1, 0, -1):
         constant = tirx.const(fixed, count.ty.dtype)
-        copy = _sequence([*tail[:-1], with_body(write_back, write_back.body, extent=constant)])
+        copy = sequence([*tail[:-1], with_body(write_back, write_back.body, extent=constant)])
         specialized = tir_stmt.IfThenElse(count == constant, copy, specialized)
-    return with_body(loop, _sequence([*head, specialized]))
-
-
-def _sequence(stmts: list[tir_stmt.Stmt]) -> tir_stmt.Stmt:
-    return stmts[0] if len(stmts) == 1 else tir_stmt.SeqStmt(stmts)
+    return with_body(loop, sequence([*head, specialized]))
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.SpecializeRemainderRows")

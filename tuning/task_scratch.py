@@ -21,7 +21,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import statements, uses, with_body
+from tf_dietcode.tuning.guarded_loops import sequence, statements, uses, with_body
 
 LAUNCH_POINT = "pragma_parallel_launch_point"  # codegen_cpu.cc: the parallel tasks start here
 
@@ -43,15 +43,8 @@ def allocate_per_task(loop: tir_stmt.For) -> tir_stmt.Stmt:
     tiles = [statement.buffer for statement in hoisted if isinstance(statement, tir_stmt.AllocBuffer)]
     if not tiles:
         return loop
-    parallel = with_body(loop, _sequence(kept))
+    parallel = with_body(loop, sequence(kept))
     return tir_stmt.AttrStmt(loop.loop_var, LAUNCH_POINT, tirx.const(1, "int32"), tir_stmt.SeqStmt([*hoisted, parallel]))
-
-
-def _sequence(parts: list[tir_stmt.Stmt]) -> tir_stmt.Stmt:
-    """The statements as one: a SeqStmt, the single one, or a no-op where none is left."""
-    if not parts:
-        return tir_stmt.Evaluate(tirx.const(0, "int32"))
-    return parts[0] if len(parts) == 1 else tir_stmt.SeqStmt(parts)
 
 
 def _invariant(statement: tir_stmt.Stmt, per_iteration: list[tirx.Var]) -> bool:

@@ -18,7 +18,7 @@ from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
 from tf_dietcode.tuning import hardware
-from tf_dietcode.tuning.guarded_loops import integer_valued, rebuild_loops, statements
+from tf_dietcode.tuning.guarded_loops import integer_valued, rebuild_loops, sequence, statements
 
 
 def _transposing_copy(loop: tir_stmt.For):
@@ -118,7 +118,7 @@ def transpose_in_blocks(loop: tir_stmt.For, lanes: int) -> tir_stmt.Stmt:
         parts.append(_fresh_vars(_loop(loop.loop_var, 0, whole_columns, _replaced(loop.body, inner, rest))))
     if whole_columns < columns:  # columns past the whole blocks
         parts.append(_loop(loop.loop_var, whole_columns, columns - whole_columns, loop.body))
-    return parts[0] if len(parts) == 1 else tir_stmt.SeqStmt(parts)
+    return sequence(parts)
 
 
 def _loop(var, start: int, extent: int, body: tir_stmt.Stmt) -> tir_stmt.For:
