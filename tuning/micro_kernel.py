@@ -36,10 +36,13 @@ class MicroKernel:
         return f"m{self.tile_m}_n{self.tile_n}_k{self.tile_k}_t{self.task_n}_{order}{layout}{rows}{batch}"
 
 
+MAX_TILE_ROWS = 8  # the most rows a register tile has (the passes that rewrite tiles rely on it)
+
+
 def _register_tiles(hw: "Hardware"):
     """(rows, columns) whose accumulators, one B row and one A broadcast fit the registers."""
     for vectors in (1, 2, 3, 4):
-        for rows in range(1, 9):
+        for rows in range(1, MAX_TILE_ROWS + 1):
             if rows * vectors + vectors + 1 <= hw.vector_registers:
                 yield rows, vectors * hw.vector_lanes
 

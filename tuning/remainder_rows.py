@@ -24,16 +24,16 @@ from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
 from tf_dietcode.tuning.guarded_loops import rebuild_loops, sequence, statements, with_body
-
-MAX_ROWS = 8  # register tiles have at most this many rows: a larger count is not a tile's write-back
+from tf_dietcode.tuning.micro_kernel import MAX_TILE_ROWS
 
 
 def _row_count(write_back: tir_stmt.Stmt):
-    """(C, the count) for a loop over `min(C, E)` rows with 2 <= C <= MAX_ROWS, else None."""
+    """(C, the count) for a loop over `min(C, E)` rows with 2 <= C <= MAX_TILE_ROWS (a larger count
+    is not a register tile's write-back), else None."""
     if not isinstance(write_back, tir_stmt.For) or not isinstance(write_back.extent, tirx.Min):
         return None
     constant = [term for term in (write_back.extent.a, write_back.extent.b) if isinstance(term, tirx.IntImm)]
-    if len(constant) != 1 or not 2 <= int(constant[0]) <= MAX_ROWS:
+    if len(constant) != 1 or not 2 <= int(constant[0]) <= MAX_TILE_ROWS:
         return None
     return int(constant[0]), write_back.extent
 
