@@ -18,6 +18,7 @@ With batch matmul's x tile on the stack (templates 13), symbolic kernels ran
 """
 
 import tvm
+import tvm_ffi
 from tvm import sym, tirx
 from tvm.sym.analyzer import ProofStrength
 from tvm.tirx import stmt as tir_stmt
@@ -83,6 +84,17 @@ def sequence(parts: list[tir_stmt.Stmt]) -> tir_stmt.Stmt:
     if not parts:
         return tir_stmt.Evaluate(tirx.const(0, "int32"))
     return parts[0] if len(parts) == 1 else tir_stmt.SeqStmt(parts)
+
+
+def fresh_vars(nest: tir_stmt.Stmt) -> tir_stmt.Stmt:
+    """A copy of a loop nest with loop variables and bindings of its own: TVM's passes refuse one
+    variable bound twice (by two loops over different ranges)."""
+    found = []
+    tvm_ffi.structural_walk(nest, ((tir_stmt.For, tir_stmt.Bind), found.append))
+    defined = [node.loop_var if isinstance(node, tir_stmt.For) else node.var for node in found]
+    fresh = {var: tirx.Var(var.name, var.ty.dtype) for var in defined}
+    return tvm_ffi.structural_map(nest, (tirx.Var, lambda var: next(
+        (new for old, new in fresh.items() if old.same_as(var)), var)))
 
 
 def _guard(body: tir_stmt.Stmt):

@@ -15,15 +15,14 @@ threads). With one copy per count, each copy's write-back has a constant trip
 count, as in the static build.
 
 The copies follow the remainder's last binding, so the count's variables are
-in scope; what they define is renamed afterwards (ConvertSSA), each variable
-being defined once per function.
+in scope; each copy defines variables of its own (fresh_vars).
 """
 
 import tvm
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import rebuild_loops, sequence, statements, with_body
+from tf_dietcode.tuning.guarded_loops import fresh_vars, rebuild_loops, sequence, statements, with_body
 from tf_dietcode.tuning.micro_kernel import MAX_TILE_ROWS
 
 
@@ -52,22 +51,11 @@ def _one_copy_per_count(loop: tir_stmt.For, _enclosing: tuple) -> tir_stmt.For:
     specialized = sequence(tail)
     for fixed in range(rows - 1, 0, -1):
         constant = tirx.const(fixed, count.ty.dtype)
-        copy = sequence([*tail[:-1], with_body(write_back, write_back.body, extent=constant)])
+        copy = fresh_vars(sequence([*tail[:-1], with_body(write_back, write_back.body, extent=constant)]))
         specialized = tir_stmt.IfThenElse(count == constant, copy, specialized)
     return with_body(loop, sequence([*head, specialized]))
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.SpecializeRemainderRows")
 def SpecializeRemainderRows(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:  # noqa: N802 (TVM pass naming)
-    copied = []
-
-    def rewrite(loop, enclosing):
-        rewritten = _one_copy_per_count(loop, enclosing)
-        if rewritten is not loop:
-            copied.append(loop)
-        return rewritten
-
-    body = rebuild_loops(func.body, rewrite)
-    if not copied:
-        return func
-    return tvm.tirx.transform.ConvertSSA()(tvm.IRModule({"main": func.with_body(body)}))["main"]
+    return func.with_body(rebuild_loops(func.body, _one_copy_per_count))

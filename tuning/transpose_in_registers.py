@@ -13,12 +13,11 @@ the last whole block, and k past the last whole block, keep the element copy.
 """
 
 import tvm
-import tvm_ffi
 from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
 from tf_dietcode.tuning import hardware
-from tf_dietcode.tuning.guarded_loops import integer_valued, rebuild_loops, sequence, statements
+from tf_dietcode.tuning.guarded_loops import fresh_vars, integer_valued, rebuild_loops, sequence, statements
 
 
 def _transposing_copy(loop: tir_stmt.For):
@@ -115,7 +114,7 @@ def transpose_in_blocks(loop: tir_stmt.For, lanes: int) -> tir_stmt.Stmt:
     parts = [blocks]
     if whole_rows < rows:  # k past the whole blocks, in the whole columns
         rest = _loop(inner.loop_var, whole_rows, rows - whole_rows, inner.body)
-        parts.append(_fresh_vars(_loop(loop.loop_var, 0, whole_columns, _replaced(loop.body, inner, rest))))
+        parts.append(fresh_vars(_loop(loop.loop_var, 0, whole_columns, _replaced(loop.body, inner, rest))))
     if whole_columns < columns:  # columns past the whole blocks
         parts.append(_loop(loop.loop_var, whole_columns, columns - whole_columns, loop.body))
     return sequence(parts)
@@ -125,17 +124,6 @@ def _loop(var, start: int, extent: int, body: tir_stmt.Stmt) -> tir_stmt.For:
     """A serial loop of var over [start, start + extent)."""
     dtype = var.ty.dtype
     return tir_stmt.For(var, tirx.const(start, dtype), tirx.const(extent, dtype), tir_stmt.ForKind.SERIAL, body)
-
-
-def _fresh_vars(nest: tir_stmt.Stmt) -> tir_stmt.Stmt:
-    """A copy of a loop nest with loop variables and bindings of its own: TVM's passes refuse one
-    variable bound twice (by two loops over different ranges)."""
-    found = []
-    tvm_ffi.structural_walk(nest, ((tir_stmt.For, tir_stmt.Bind), found.append))
-    defined = [node.loop_var if isinstance(node, tir_stmt.For) else node.var for node in found]
-    fresh = {var: tirx.Var(var.name, var.ty.dtype) for var in defined}
-    return tvm_ffi.structural_map(nest, (tirx.Var, lambda var: next(
-        (new for old, new in fresh.items() if old.same_as(var)), var)))
 
 
 def _replaced(body: tir_stmt.Stmt, old: tir_stmt.For, new: tir_stmt.For) -> tir_stmt.Stmt:
