@@ -7,6 +7,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from tf_dietcode.tuning import hardware, measure, micro_kernel, templates
+from tf_dietcode.tuning.guarded_loops import uses
 from tf_dietcode.tuning.templates import dense
 from tf_dietcode.tuning.workload import Workload
 
@@ -107,7 +108,7 @@ def test_whole_batch_tasks_run_their_column_tasks_in_turn(rng, workload):
     every column task with its own y panel, right at every shape; the space offers
     it only where N spans more than one column task."""
     hw = hardware.detect()
-    kernel = micro_kernel.MicroKernel(2, hw.vector_lanes, 16, 1, True, whole_batch=True)
+    kernel = micro_kernel.MicroKernel(2, hw.vector_lanes, workload.k.hi, 1, True, whole_batch=True)
     space = micro_kernel.space(hw, workload)
     assert kernel in space
     assert all(not k.whole_batch for k in space if k.tile_n * k.task_n >= workload.n.hi)
@@ -212,6 +213,29 @@ def test_weight_layouts_of_the_space():
     assert grouped and all(k.packed and 32 % (k.tile_n * k.task_n) == 0 for k in grouped)
 
 
+@pytest.mark.parametrize("workload", [WORKLOADS[8], WORKLOADS[9], WORKLOADS[10]], ids=ids)
+def test_batch_matmul_blocks_k_only_around_column_blocks(rng, workload):
+    """A batch-matmul kernel splits K only where each block encloses several column blocks;
+    elsewhere it loops over K once (a dynamic K's partial block made LLVM spill the register
+    tile), and the space holds one such kernel per tiling, not one per tile_k."""
+    space = micro_kernel.space(hardware.detect(), workload)
+    blocked = [k for k in space if micro_kernel.blocks_the_reduction(workload, k.k_outer, k.task_n)]
+    assert all(k.k_outer and k.task_n > 1 for k in blocked)
+    assert all(k.tile_k == workload.k.hi for k in space if k not in blocked)
+    template = templates.for_workload(workload)
+    for kernel in sample_kernels(workload, 2, rng) + blocked[-1:]:
+        loops, realize = enclosing_loops_and_realize(template.schedule(workload, kernel),
+                                                     f"{template.COMPUTE_BLOCK}_update")
+        reduction = next(value for value, var in zip(realize.iter_values, realize.block.iter_vars)
+                         if var.iter_type == tirx.IterVar.CommReduce)
+        k_loops = [int(loop.extent) if isinstance(loop.extent, tirx.IntImm) else str(loop.extent)
+                   for loop in loops if uses(reduction, [loop.loop_var])]
+        k = workload.k.hi if workload.k.static else "K"
+        assert k_loops[-1:] == ([kernel.tile_k] if kernel in blocked else [k]), kernel.name
+        assert len(k_loops) == (2 if kernel in blocked else 1), kernel.name
+        assert_right_at_edge_shapes(workload, kernel, rng)
+
+
 def test_pack_weight_layout(rng):
     workload = WORKLOADS[0]
     kernel = micro_kernel.MicroKernel(4, 16, 48, 2, True, packed=True)
@@ -245,12 +269,13 @@ def test_local_padding_leaves_no_check_in_the_compute_loop(rng, workload):
         mod = template.schedule(workload, kernel)
         loops, realize = enclosing_loops_and_realize(mod, f"{template.COMPUTE_BLOCK}_update")
         assert loops[0].kind == tirx.ForKind.PARALLEL
-        # The register tile and the K block have constant trip counts ...
-        assert all(isinstance(loop.extent, tirx.IntImm) for loop in loops[-3:]), kernel.name
+        # The register tile and the K block (where K is blocked) have constant trip counts ...
+        blocked = micro_kernel.blocks_the_reduction(workload, kernel.k_outer, kernel.task_n)
+        assert all(isinstance(loop.extent, tirx.IntImm) for loop in loops[-3 if blocked else -2:]), kernel.name
         # ... the block runs unconditionally (but for a dynamic K's last, shorter block: a check
         # LoopPartition and ShrinkGuardedLoops turn into loop bounds, see test_guarded_loops), and
         # its body has no select.
-        if workload.k.static:
+        if workload.k.static or not blocked:
             assert isinstance(realize.predicate, tirx.IntImm) and realize.predicate.value == 1, kernel.name
         else:
             assert str(realize.predicate).startswith("T.likely(") and str(realize.predicate).endswith(" < K)")

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # hardware.py uses this module to answer for its kernels
 class MicroKernel:
     tile_m: int    # register-tile rows
     tile_n: int    # register-tile columns; also the pre-packed weight's block width
-    tile_k: int    # K cache block (divides a static K; a dynamic K's last block is shorter)
+    tile_k: int    # K cache block (divides a static K; a dynamic K's last block is shorter); see blocks_the_reduction
     task_n: int    # tile_n blocks per parallel task (cache blocking of N)
     k_outer: bool  # K blocks outside (True) or inside (False) the task's N blocks
     packed: bool = False  # dense: weight pre-packed in tile_n blocks (True) or read in place as w[K, N]
@@ -57,6 +57,21 @@ def _k_blocks(hw: "Hardware", workload: Workload, tile_n: int):
     else:
         candidates = {d for d in (8, 16, 32, 64, 128, 256) if d < 2 * k}
     return sorted(d for d in candidates if d * tile_n * 4 <= hw.l2_bytes // 2)
+
+
+def blocks_the_reduction(workload: Workload, k_outer: bool, task_n: int) -> bool:
+    """Whether a kernel's K cache blocks change what it computes in which order.
+
+    A batch-matmul task fetches y for all of K at once, so its K blocks matter only
+    where each one encloses the task's column blocks (K outside, several blocks);
+    elsewhere the blocks of one row tile follow each other with nothing between, and
+    splitting K changed the loops alone. For a dynamic K that cost dearly: the split
+    left a partial last block, and LLVM spilled the register tile in the loops it
+    made of it (NN `m6_n64_k32_t1_ko`, Emerald Rapids, 2 threads: symbolic 2.3x its
+    static build at T = 5, 2.0x at T = 17; with one loop over K, 1.11x and 1.07x).
+    Such kernels loop over K once, and the space holds one of them, not one per
+    tile_k. Dense kernels' K blocks are panels of the weight: always real."""
+    return workload.kind != "batch_matmul" or (k_outer and task_n > 1)
 
 
 def _weight_layouts(workload: Workload, tile_n: int, task_n: int) -> list[bool]:
@@ -110,8 +125,9 @@ def space(hw: "Hardware", workload: Workload) -> list[MicroKernel]:
     for (tile_m, tile_n), task_n, k_outer in itertools.product(_register_tiles(hw), (1, 2, 4, 8), (True, False)):
         if tile_n * task_n > max(workload.n.hi, tile_n):
             continue  # a task wider than N only computes padding
-        for tile_k, packed in itertools.product(_k_blocks(hw, workload, tile_n),
-                                                _weight_layouts(workload, tile_n, task_n)):
+        k_blocks = _k_blocks(hw, workload, tile_n) if blocks_the_reduction(workload, k_outer, task_n) \
+            else [workload.k.hi]
+        for tile_k, packed in itertools.product(k_blocks, _weight_layouts(workload, tile_n, task_n)):
             if tile_k * tile_n * task_n * 4 <= hw.l2_bytes:
                 micro_kernels += [MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer, packed, task_m, whole_batch)
                                   for task_m in _row_tiles_per_task(hw, workload, tile_n, task_n, packed)

@@ -29,8 +29,9 @@ import importlib
 # 22: a fetched tile's padding is zeroed, not left as scratch memory: copy_inside_bounds;
 # 23: a transposing fetch (batch matmul NT's y) copies square blocks through registers: transpose_in_registers;
 # 24: register tiles of 1 KiB or more stay on the stack too: register_tiles;
-# 25: a packed one-panel dense task prefetches its next panel with a warm weight too (two row tiles on)).
-TEMPLATES_VERSION = 25
+# 25: a packed one-panel dense task prefetches its next panel with a warm weight too (two row tiles on);
+# 26: batch matmul splits K only where a K block encloses several column blocks (blocks_the_reduction)).
+TEMPLATES_VERSION = 26
 
 import functools
 

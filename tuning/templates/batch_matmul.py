@@ -15,8 +15,9 @@ column tasks in turn): each column task fetches its y panel once into a local
 tile laid out [K, columns] (NT, transposing while fetching; NN where its
 columns are padded, else it reads y's rows in place), then walks the rows in
 tile_m steps. It reads x in place, a row past M clamped to row M - 1. K is
-never padded: a dynamic K's last block is a shorter loop
-(partition_the_reduction). The register tile computes with no checks; only
+blocked only where a block encloses the task's column blocks
+(blocks_the_reduction), and never padded: a dynamic K's last block is a
+shorter loop (partition_the_reduction). The register tile computes with no checks; only
 the fetches (copies that stop at N) and the write-back (scale, addend, bound)
 carry them.
 """
@@ -28,7 +29,7 @@ from tvm import s_tir, tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as T
 
-from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.micro_kernel import MicroKernel, blocks_the_reduction
 from tf_dietcode.tuning.templates import (accumulate_locally, dim, fetch_into_local, optional_block,
                                           read_in_place_clamped, set_predicate)
 from tf_dietcode.tuning.workload import Workload
@@ -101,9 +102,12 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     i_outer, i_inner = sch.split(i, [None, kernel.tile_m])
     j_outer, j_inner = sch.split(j, [None, kernel.tile_n])
     j_task, j_block = sch.split(j_outer, [None, kernel.task_n])
-    k_outer, k_inner = sch.split(k, [None, kernel.tile_k])
-    middle = [k_outer, j_block] if kernel.k_outer else [j_block, k_outer]
-    sch.reorder(p, h, j_task, i_outer, *middle, k_inner, i_inner, j_inner)
+    if blocks_the_reduction(workload, kernel.k_outer, kernel.task_n):
+        k_outer, k_inner = sch.split(k, [None, kernel.tile_k])
+        middle = [k_outer, j_block, k_inner]
+    else:  # one loop over K (blocks_the_reduction says why)
+        middle = [j_block, k]
+    sch.reorder(p, h, j_task, i_outer, *middle, i_inner, j_inner)
     task = sch.fuse(p, h) if kernel.whole_batch else sch.fuse(p, h, j_task)
     sch.parallel(task)
     columns = j_task if kernel.whole_batch else task
