@@ -86,6 +86,20 @@ def sequence(parts: list[tir_stmt.Stmt]) -> tir_stmt.Stmt:
     return parts[0] if len(parts) == 1 else tir_stmt.SeqStmt(parts)
 
 
+def whole_vectors_up_to_a_bound(extent, lanes: int) -> tuple[int, tvm.ir.Expr] | None:
+    """(W, E) for a trip count `min(W, E)` (or `max(min(W, E), 0)`, as _shrink leaves it where E
+    may be negative), W a constant multiple of `lanes` and E symbolic (a partial tile's columns
+    where N is symbolic); else None."""
+    if isinstance(extent, tirx.Max) and isinstance(extent.b, tirx.IntImm) and int(extent.b) == 0:
+        extent = extent.a
+    if not isinstance(extent, tirx.Min):
+        return None
+    width, bound = (extent.a, extent.b) if isinstance(extent.a, tirx.IntImm) else (extent.b, extent.a)
+    if not isinstance(width, tirx.IntImm) or int(width) % lanes or isinstance(bound, tirx.IntImm):
+        return None
+    return int(width), bound
+
+
 def fresh_vars(nest: tir_stmt.Stmt) -> tir_stmt.Stmt:
     """A copy of a loop nest with loop variables and bindings of its own: TVM's passes refuse one
     variable bound twice (by two loops over different ranges)."""
@@ -161,7 +175,7 @@ def integer_valued(expr) -> bool:
     return str(getattr(expr.ty, "dtype", "")).startswith("int")
 
 
-def _in_scope(enclosing: tuple) -> sym.Analyzer:
+def in_scope(enclosing: tuple) -> sym.Analyzer:
     """An analyzer that knows the enclosing loops' ranges and the bindings in scope."""
     analyzer = sym.Analyzer()
     for outer in enclosing:
@@ -172,7 +186,7 @@ def _in_scope(enclosing: tuple) -> sym.Analyzer:
     return analyzer
 
 
-def _always(analyzer: sym.Analyzer, fact) -> bool:
+def always(analyzer: sym.Analyzer, fact) -> bool:
     return analyzer.can_prove(fact, ProofStrength.SYMBOLIC_BOUND)
 
 
@@ -188,7 +202,7 @@ def _shrink(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.Stmt:
     for binding in bindings:
         if integer_valued(binding.value):
             analyzer.bind(binding.var, binding.value)
-    scope = _in_scope(enclosing)
+    scope = in_scope(enclosing)
     var, dtype = loop.loop_var, loop.extent.ty.dtype
     inner = [binding.var for binding in bindings]
     start, end = loop.min, loop.min + loop.extent
@@ -202,10 +216,10 @@ def _shrink(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.Stmt:
         if bound is None:
             kept.append(term)
         elif bound[0] == "upper":
-            if not _always(scope, bound[1] >= end):
+            if not always(scope, bound[1] >= end):
                 end = tirx.min(end, bound[1].astype(dtype))
         elif bound[0] == "lower":
-            if not _always(scope, bound[1] <= start):
+            if not always(scope, bound[1] <= start):
                 start = tirx.max(start, bound[1].astype(dtype))
         else:
             hoisted.append(expanded)
@@ -216,7 +230,7 @@ def _shrink(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.Stmt:
     body = tir_stmt.SeqStmt([*bindings, guarded]) if bindings else guarded
     start = simplify(start)
     extent = simplify(end - start)
-    if not _always(scope, extent >= 0):
+    if not always(scope, extent >= 0):
         extent = simplify(tirx.max(extent, tirx.const(0, dtype)))
     shrunk = with_body(loop, body, start, extent)
     return tir_stmt.IfThenElse(tvm.tirx.all(*hoisted), shrunk, None) if hoisted else shrunk

@@ -94,6 +94,18 @@ def float32_lanes(features) -> int:
     return 16 if "avx512f" in features else 8 if "avx" in features else 4
 
 
+def llvm_float32_lanes(func) -> int | None:
+    """float32 lanes of the CPU a lowered function is compiled for; None if it is not for a CPU
+    (the TIR passes that write vectors by hand apply to CPU kernels only)."""
+    import tvm
+
+    target = func.attrs.get("target") if func.attrs else None
+    if target is None or target.kind.name != "llvm":
+        return None
+    return float32_lanes([feature for feature in ("avx512f", "avx")
+                          if tvm.target.codegen.llvm_cpu_has_features([feature], target)])
+
+
 @functools.cache
 def detect() -> "Hardware":
     """This machine's limits (cores: the CPUs this process may run on)."""

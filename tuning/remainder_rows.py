@@ -22,7 +22,8 @@ import tvm
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import fresh_vars, rebuild_loops, sequence, statements, with_body
+from tf_dietcode.tuning.guarded_loops import (always, fresh_vars, in_scope, rebuild_loops, sequence, statements,
+                                              with_body)
 from tf_dietcode.tuning.micro_kernel import MAX_TILE_ROWS
 
 
@@ -37,9 +38,10 @@ def _row_count(write_back: tir_stmt.Stmt):
     return int(constant[0]), write_back.extent
 
 
-def _one_copy_per_count(loop: tir_stmt.For, _enclosing: tuple) -> tir_stmt.For:
+def _one_copy_per_count(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.For:
     """The loop, with what follows its body's last binding copied once per row count if its body ends
-    in a write-back of `min(C, E)` rows."""
+    in a write-back of `min(C, E)` rows: counts 1 to C - 1 in a remainder (the count provably below
+    C), 1 to C in a loop that also runs whole tiles (a partial column task's rows)."""
     body = statements(loop.body)
     found = _row_count(body[-1])
     bindings = [i for i, statement in enumerate(body) if isinstance(statement, tir_stmt.Bind)]
@@ -49,7 +51,9 @@ def _one_copy_per_count(loop: tir_stmt.For, _enclosing: tuple) -> tir_stmt.For:
     head, tail = body[:bindings[-1] + 1], body[bindings[-1] + 1:]
     write_back = tail[-1]
     specialized = sequence(tail)
-    for fixed in range(rows - 1, 0, -1):
+    scope = in_scope((*enclosing, loop, *(head[i] for i in bindings)))
+    whole_tiles = not always(scope, count < rows)
+    for fixed in range(rows if whole_tiles else rows - 1, 0, -1):
         constant = tirx.const(fixed, count.ty.dtype)
         copy = fresh_vars(sequence([*tail[:-1], with_body(write_back, write_back.body, extent=constant)]))
         specialized = tir_stmt.IfThenElse(count == constant, copy, specialized)

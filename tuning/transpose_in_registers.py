@@ -17,7 +17,8 @@ from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
 from tf_dietcode.tuning import hardware
-from tf_dietcode.tuning.guarded_loops import fresh_vars, integer_valued, rebuild_loops, sequence, statements
+from tf_dietcode.tuning.guarded_loops import (fresh_vars, integer_valued, loops, rebuild_loops, sequence,
+                                              statements, whole_vectors_up_to_a_bound, with_body)
 
 
 def _transposing_copy(loop: tir_stmt.For):
@@ -62,17 +63,19 @@ def _swap_off_diagonal(rows: list, half: int, lanes: int) -> list:
     return exchanged
 
 
-def _block(store: tir_stmt.BufferStore, tile: list, source: list, c, k, lanes: int) -> list[tir_stmt.Stmt]:
-    """Statements copying the lanes x lanes block whose first column is c and first k row is k."""
+def _block(store: tir_stmt.BufferStore, tile: list, source: list, c, k, lanes: int, last=None) -> list[tir_stmt.Stmt]:
+    """Statements copying the lanes x lanes block whose first column is c and first k row is k
+    (columns past `last`, where given, read column `last` again)."""
     dtype = f"{store.buffer.dtype}x{lanes}"
     index = c.ty.dtype
     source_start, tile_start = tirx.Var("source_start", index), tirx.Var("tile_start", index)
-    body, rows = [tir_stmt.Bind(source_start, source[0] * c + k + source[2]),
+    body, rows = [tir_stmt.Bind(source_start, k + source[2]),
                   tir_stmt.Bind(tile_start, tile[1] * k + c + tile[2])], []
     for i in range(lanes):
         row = tirx.Var(f"row{i}", dtype)
+        column = c + i if last is None else tirx.Min(c + i, last)
         body.append(tir_stmt.Bind(row, tirx.BufferLoad(store.value.source, [tirx.Ramp(
-            source_start + source[0] * i, 1, lanes)])))
+            source_start + source[0] * column, 1, lanes)])))
         rows.append(row)
     half = lanes // 2
     while half:
@@ -87,37 +90,56 @@ def _block(store: tir_stmt.BufferStore, tile: list, source: list, c, k, lanes: i
     return body
 
 
-def transpose_in_blocks(loop: tir_stmt.For, lanes: int) -> tir_stmt.Stmt:
+def transpose_in_blocks(loop: tir_stmt.For, lanes: int, enclosing: tuple = ()) -> tir_stmt.Stmt:
     """The loop as whole blocks transposed in registers plus the element copy of what is left, if it
-    is a transposing copy of constant extents; else the loop unchanged.
+    is a transposing copy of constant extents, or one whose columns stop at a symbolic bound E
+    (`min(W, E)`, W whole blocks) inside a serial loop; else the loop unchanged.
 
-    Why constant extents only: where a task is one column task, its copy stops at a symbolic N,
-    and LLVM took 10 s (against 0.4) to compile such a kernel with the blocks in it (batch matmul
-    NT, Emerald Rapids). The extents are only how those kernels are told apart: with their copy
-    made constant (columns past N clamped, session 42) LLVM still took 10 s, so the cause lies
-    elsewhere in their structure, unknown. A kernel whose tasks run their column tasks in turn
-    (whole_batch) copies its whole column tasks with constant extents, and a static build all
-    of them."""
+    A copy that stops at E inside a serial loop is the last column task's of a kernel whose tasks
+    run a batch's column tasks in turn (whole_batch), where N is symbolic. It copies all W
+    columns, those past E reading column E - 1 again: finite values that only reach output
+    columns the write-back leaves out (MaskPartialColumns). Element by element, its copy ran as
+    scatters: NT `m4_n48_k64_t1_ki_b` took 290 us at T = 43 against 236 for its static build, 214
+    with the blocks (Emerald Rapids, 2 threads), and compiles in 1.3 s against 0.9.
+
+    Why not where the copy sits right in the parallel loop (a kernel whose tasks are column tasks,
+    each copy stopping at a bound that depends on the task): there LLVM took 10 s to compile the
+    blocks, against 0.4 s, clamped or not, and with the compute removed too (NT
+    `m3_n64_k64_t1_ki`; session 42 saw the same). The cause is unknown; a tuning run cannot
+    afford it, so those copies stay element by element."""
     copy = _transposing_copy(loop)
     if copy is None:
         return loop
     inner, store, tile, source = copy
-    if not (isinstance(loop.extent, tirx.IntImm) and isinstance(inner.extent, tirx.IntImm)):
+    stopping = whole_vectors_up_to_a_bound(loop.extent, lanes) if _once_per_column_task(enclosing) else None
+    columns, bound = (loop.extent, None) if stopping is None else stopping
+    if not (isinstance(columns, (int, tirx.IntImm)) and isinstance(inner.extent, tirx.IntImm)):
         return loop
-    columns, rows = int(loop.extent), int(inner.extent)
+    columns, rows = int(columns), int(inner.extent)
     whole_columns, whole_rows = columns // lanes * lanes, rows // lanes * lanes
     if not (whole_columns and whole_rows):
         return loop
+    last = None if bound is None else tirx.Var("last_column", bound.ty.dtype)
     column_block, k_block = (tirx.Var(name, outer.loop_var.ty.dtype) for name, outer in (("cb", loop), ("kb", inner)))
     blocks = _loop(column_block, 0, columns // lanes, _loop(k_block, 0, rows // lanes, tir_stmt.SeqStmt(
-        _block(store, tile, source, column_block * lanes, k_block * lanes, lanes))))
+        _block(store, tile, source, column_block * lanes, k_block * lanes, lanes, last))))
     parts = [blocks]
-    if whole_rows < rows:  # k past the whole blocks, in the whole columns
+    if whole_rows < rows:  # k past the whole blocks, in the whole columns (up to the bound)
         rest = _loop(inner.loop_var, whole_rows, rows - whole_rows, inner.body)
-        parts.append(fresh_vars(_loop(loop.loop_var, 0, whole_columns, _replaced(loop.body, inner, rest))))
+        extent = tirx.const(whole_columns, loop.extent.ty.dtype) if bound is None else loop.extent
+        parts.append(fresh_vars(with_body(loop, _replaced(loop.body, inner, rest), extent=extent)))
     if whole_columns < columns:  # columns past the whole blocks
         parts.append(_loop(loop.loop_var, whole_columns, columns - whole_columns, loop.body))
-    return sequence(parts)
+    if bound is not None:
+        parts = [tir_stmt.Bind(last, bound - 1), *parts]
+    copied = sequence(parts)
+    return copied if bound is None else tir_stmt.IfThenElse(bound > 0, copied, None)
+
+
+def _once_per_column_task(enclosing: tuple) -> bool:
+    """Whether a copy's innermost enclosing loop is serial (see transpose_in_blocks for why)."""
+    around = loops(enclosing)
+    return bool(around) and around[-1].kind == tir_stmt.ForKind.SERIAL
 
 
 def _loop(var, start: int, extent: int, body: tir_stmt.Stmt) -> tir_stmt.For:
@@ -134,9 +156,7 @@ def _replaced(body: tir_stmt.Stmt, old: tir_stmt.For, new: tir_stmt.For) -> tir_
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.TransposeInRegisters")
 def TransposeInRegisters(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:  # noqa: N802 (TVM pass naming)
-    target = func.attrs.get("target") if func.attrs else None
-    if target is None or target.kind.name != "llvm":
+    lanes = hardware.llvm_float32_lanes(func)
+    if lanes is None:
         return func
-    lanes = hardware.float32_lanes([feature for feature in ("avx512f", "avx")
-                                    if tvm.target.codegen.llvm_cpu_has_features([feature], target)])
-    return func.with_body(rebuild_loops(func.body, lambda loop, _enclosing: transpose_in_blocks(loop, lanes)))
+    return func.with_body(rebuild_loops(func.body, lambda loop, enclosing: transpose_in_blocks(loop, lanes, enclosing)))
