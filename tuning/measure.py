@@ -19,7 +19,7 @@ import time
 import numpy as np
 import tvm
 
-from tf_dietcode.tuning import (guarded_loops, masked_columns, prefetch_panel, register_tiles, remainder_rows, task_scratch,
+from tf_dietcode.tuning import (guarded_loops, vector_write_backs, prefetch_panel, register_tiles, remainder_rows, task_scratch,
                                  templates, transpose_in_registers)
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
@@ -56,12 +56,12 @@ def _pipeline():
     """TVM's default TIR pipeline, then ours on the lowered code: ShrinkGuardedLoops (after
     LoopPartition made the remainders), TransposeInRegisters (on the loops ShrinkGuardedLoops
     left with constant extents or stopping at N), RegisterTiles (after StorageRewrite merged the
-    partitions' accumulators), SpecializeRemainderRows, MaskPartialColumns (on the write-backs
+    partitions' accumulators), SpecializeRemainderRows, VectorWriteBacks (on the write-backs
     whose rows SpecializeRemainderRows made constant), PrefetchNextPanel and AllocatePerTask
     (before LowerTVMBuiltin, in the finalizing passes, turns tiles into workspace calls)."""
     lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
     ours = [guarded_loops.ShrinkGuardedLoops, transpose_in_registers.TransposeInRegisters,
-            register_tiles.RegisterTiles, remainder_rows.SpecializeRemainderRows, masked_columns.MaskPartialColumns,
+            register_tiles.RegisterTiles, remainder_rows.SpecializeRemainderRows, vector_write_backs.VectorWriteBacks,
             prefetch_panel.PrefetchNextPanel, task_scratch.AllocatePerTask]
     return tvm.transform.Sequential([lower, *ours]), finalize_host, finalize_device
 

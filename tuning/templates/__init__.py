@@ -31,9 +31,10 @@ import importlib
 # 24: register tiles of 1 KiB or more stay on the stack too: register_tiles;
 # 25: a packed one-panel dense task prefetches its next panel with a warm weight too (two row tiles on);
 # 26: batch matmul splits K only where a K block encloses several column blocks (blocks_the_reduction);
-# 27: partial columns written back with masked stores (masked_columns), a whole batch's last column task
-# copied in blocks, its row loop copied for whole row tiles too).
-TEMPLATES_VERSION = 27
+# 27: partial columns written back with masked stores, a whole batch's last column task copied in blocks,
+# its row loop copied for whole row tiles too;
+# 28: write-backs reading a strided addend as vector stores, by versions of its stride (vector_write_backs)).
+TEMPLATES_VERSION = 28
 
 import functools
 

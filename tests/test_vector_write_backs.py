@@ -1,6 +1,7 @@
-"""MaskPartialColumns: where N is symbolic, a tile's partial columns are written back with
-masked vector stores (every index into the accumulator constant), and the kernels so built
-compute the product at every T; what it cannot mask it leaves as it was."""
+"""VectorWriteBacks: where N is symbolic, a tile's partial columns are written back with
+masked vector stores, and write-backs reading a strided addend as vector stores in versions by
+its stride (every index into the accumulator constant); the kernels so built compute the product
+at every T."""
 
 import pytest
 import tvm
@@ -34,26 +35,58 @@ def _masked_stores_and_partial_loops(body) -> tuple[list, list]:
 @pytest.mark.parametrize("kernel", [MicroKernel(4, 2 * LANES, 64, 1, False, whole_batch=True),
                                     MicroKernel(3, LANES, 64, 2, True)], ids=lambda kernel: kernel.name)
 def test_partial_columns_are_written_back_with_masked_stores(kernel):
-    executable, main = build_seen_after("tf_dietcode.MaskPartialColumns", NT, kernel)
+    executable, main = build_seen_after("tf_dietcode.VectorWriteBacks", NT, kernel)
     masked, partial = _masked_stores_and_partial_loops(main.body)
     assert masked, "no write-back was masked"
     assert not partial, "a write-back still loops over a partial tile's columns"
     assert_computes_the_product(executable, NT, kernel, range(1, 41))
 
 
-def test_a_strided_addend_is_left_element_by_element():
-    """Batch matmul's addend has a symbolic column stride (a broadcast mask's may be 0): a masked
-    load reads consecutive elements, so its write-back keeps the loop over the columns."""
+def test_an_addend_of_symbolic_column_stride_is_read_by_version():
+    """Batch matmul's addend has a symbolic column stride (1 in the usual layout, 0 for a mask
+    broadcast along the columns). Each write-back that reads it, whole or partial, becomes vector
+    stores in two versions: for a unit stride, vector loads (masked where partial); else gathers,
+    their columns clamped to the last one. No write-back keeps a loop over the columns or rows."""
     kernel = MicroKernel(2, LANES, 16, 1, False, whole_batch=True)
-    executable, main = build_seen_after("tf_dietcode.MaskPartialColumns", NT_MASKED, kernel)
+    executable, main = build_seen_after("tf_dietcode.VectorWriteBacks", NT_MASKED, kernel)
     masked, partial = _masked_stores_and_partial_loops(main.body)
-    assert partial and not masked
+    assert masked and not partial
+    branches = []
+    tvm_ffi.structural_walk(main.body, (tir_stmt.IfThenElse, branches.append))
+    assert any("addend_stride3 == " in str(branch.condition) for branch in branches)
+    loads = [load for call in masked for load in _loads(call.args[1]) if load.source.name.startswith("addend")]
+    assert any(not isinstance(load.indices[-1], tirx.Ramp) for load in loads)  # the gathers
+    masked_loads = [call for call in _calls(main.body) if call.op.same_as(_MASKED_LOAD)]
+    assert masked_loads  # the unit stride's partial columns
+    scalar_stores = [store for store in _nodes(main.body, tir_stmt.BufferStore) if store.buffer.name.startswith("out")
+                     and tvm.DataType(str(store.value.ty.dtype)).lanes == 1]
+    assert not scalar_stores
+    rolled_rows = [loop for loop in _nodes(main.body, tir_stmt.For) if isinstance(loop.extent, tirx.IntImm)
+                   and not _nodes(loop, tir_stmt.BufferStore) and any(c.op.same_as(_MASKED_STORE) for c in _calls(loop))]
+    assert not rolled_rows
     assert_computes_the_product(executable, NT_MASKED, kernel, range(1, 41))
+
+
+_MASKED_LOAD = tvm.ir.Op.get("tirx.masked_load")
+
+
+def _nodes(body, kind) -> list:
+    found = []
+    tvm_ffi.structural_walk(body, (kind, found.append))
+    return found
+
+
+def _calls(body) -> list:
+    return _nodes(body, tvm.ir.Call)
+
+
+def _loads(value) -> list:
+    return _nodes(value, tvm.ir.TensorLoad)
 
 
 def test_static_builds_have_nothing_to_mask():
     kernel = MicroKernel(4, 2 * LANES, 64, 1, False, whole_batch=True)
-    _, main = build_seen_after("tf_dietcode.MaskPartialColumns", NT, kernel, NT.dims_at((37,)))
+    _, main = build_seen_after("tf_dietcode.VectorWriteBacks", NT, kernel, NT.dims_at((37,)))
     assert _masked_stores_and_partial_loops(main.body) == ([], [])
 
 

@@ -1,0 +1,201 @@
+"""A TIR pass that writes a register tile back in vector stores whose indices into the
+tile are constants, where LLVM would index it by a loop variable:
+
+- a write-back over `min(W, E)` columns (the last column task where N is
+  symbolic), W a whole number of vectors, becomes W / lanes vector stores masked
+  to the columns below E, its loads of consecutive elements from the kernel's
+  parameters masked alike;
+- a write-back that reads a strided addend (batch matmul's addend has a symbolic
+  column stride: 1 in the usual layout, 0 for a mask broadcast along the
+  columns) becomes vector stores in two versions, vector loads where the stride
+  is 1 at run time and gathers (columns clamped to the last) where it is not;
+- the constant loop over the tile's rows around such a write-back is unrolled.
+
+Why: LLVM gives a tile's elements registers only where every index into it is a
+constant. A write-back over a variable number of columns, or one LLVM versions
+on a stride at run time (its fallback loops over the columns) or leaves rolled,
+indexes the tile by a loop variable, and the whole tile then lived in memory,
+compute loops included: NT `m4_n48_k64_t1_ki_b` ran 344 us at T = 47 against
+228 at T = 48 and 260 for its static build; with an addend, 21-26 stack
+accesses per 30 FMAs at every T (Emerald Rapids). SpecializeRemainderRows runs
+first and makes the row counts constant.
+"""
+
+import tvm
+import tvm_ffi
+from tvm import sym, tirx
+from tvm.tirx import stmt as tir_stmt
+
+from tf_dietcode.tuning import hardware
+from tf_dietcode.tuning.guarded_loops import (fresh_vars, rebuild_loops, sequence, statements, uses,
+                                              whole_vectors_up_to_a_bound)
+from tf_dietcode.tuning.micro_kernel import MAX_TILE_ROWS
+
+
+def _inlined(body: tir_stmt.Stmt) -> tir_stmt.BufferStore:
+    """A body of bindings and one store as the store alone, the bindings' values in place: every
+    load's index then shows how it depends on the column."""
+    *bindings, store = statements(body)
+    for binding in reversed(bindings):
+        store = tvm_ffi.structural_map(store, (tirx.Var, lambda var, b=binding: b.value if var.same_as(b.var)
+                                               else var))
+    return store
+
+
+def _write_back(loop: tir_stmt.For, lanes: int, local: list):
+    """(W, E) for a serial loop from 0 over `min(W, E)` columns, or (W, None) for one over W columns
+    that reads a strided addend (LLVM versions such a loop on the stride, and its fallback indexes
+    the tile), W a constant multiple of `lanes`, whose body is one store after bindings; else None."""
+    *bindings, store = statements(loop.body)
+    if not (loop.kind == tir_stmt.ForKind.SERIAL and isinstance(loop.min, tirx.IntImm) and int(loop.min) == 0
+            and isinstance(store, tir_stmt.BufferStore)
+            and all(isinstance(binding, tir_stmt.Bind) for binding in bindings)):
+        return None
+    if isinstance(loop.extent, tirx.IntImm) and int(loop.extent) % lanes == 0 \
+            and _strided_loads(_inlined(loop.body), loop.loop_var, local):
+        return int(loop.extent), None
+    return whole_vectors_up_to_a_bound(loop.extent, lanes)
+
+
+def _own_tile(load, local: list) -> bool:
+    return any(load.source.same_as(tile) for tile in local)
+
+
+def _strided_loads(body: tir_stmt.Stmt, column: tirx.Var, local: list) -> list:
+    """(load, its step per column or None) for the loads from the kernel's parameters whose index
+    steps by other than one element per column: an addend's symbolic column stride (1 in the usual
+    layout, 0 for a mask broadcast along the columns)."""
+    loads = []
+    tvm_ffi.structural_walk(body, (tvm.ir.TensorLoad, loads.append))
+    strided = []
+    for load in loads:
+        if _own_tile(load, local) or not uses(load.indices[-1], [column]):
+            continue
+        steps = sym.detect_linear_equation(load.indices[-1], [column])
+        if not (len(steps) == 2 and isinstance(steps[0], tirx.IntImm) and int(steps[0]) == 1):
+            strided.append((load, steps[0] if len(steps) == 2 else None))
+    return strided
+
+
+def _rewrite_loads(body: tir_stmt.Stmt, rewrite: list) -> tir_stmt.Stmt:
+    return tvm_ffi.structural_map(body, (tvm.ir.TensorLoad, lambda load: next(
+        (new for old, new in rewrite if old.same_as(load)), load)))
+
+
+def _versions(body: tir_stmt.Stmt, column: tirx.Var, last, local: list) -> list:
+    """[(condition, body)]: one body per case of the strided loads' steps at run time, the last one
+    with condition None. Where every such load's step is 1 at run time (the usual layout), they are
+    indexed `rest + c` (vector loads); otherwise they read column `min(c, last)` (gathers that stop
+    at the last column; `last` None: every column is inside)."""
+    strided = _strided_loads(body, column, local)
+    if not strided:
+        return [(None, body)]
+    clamped = [(load, load if last is None else tvm_ffi.structural_map(load, (tirx.Var, lambda var: tirx.Min(
+        var, last) if var.same_as(column) else var))) for load, _ in strided]
+    gathered = (None, _rewrite_loads(body, clamped))
+    if any(step is None for _, step in strided):  # an index not linear in the column: gathered always
+        return [gathered]
+    unit = [(load, tirx.BufferLoad(load.source, [*load.indices[:-1], sym.detect_linear_equation(
+        load.indices[-1], [column])[1] + column])) for load, _ in strided]
+    return [(tvm.tirx.all(*[step == 1 for _, step in strided]), _rewrite_loads(body, unit)), gathered]
+
+
+def _vectorized(body: tir_stmt.Stmt, column: tirx.Var, start: int, lanes: int) -> list[tir_stmt.Stmt] | None:
+    """The body for columns [start, start + lanes) as bindings and one vector store (TVM's
+    vectorizer), or None where the store is not one vector store of consecutive elements."""
+    lane = tirx.Var("lane", column.ty.dtype)
+    shifted = tirx.const(start, lane.ty.dtype) + lane
+    body = tvm_ffi.structural_map(body, (tirx.Var, lambda var: shifted if var.same_as(column) else var))
+    vectorize = tir_stmt.For(lane, tirx.const(0, lane.ty.dtype), tirx.const(lanes, lane.ty.dtype),
+                             tir_stmt.ForKind.VECTORIZED, body)
+    vector = tvm.tirx.transform.VectorizeLoop()(tvm.IRModule({"main": tirx.PrimFunc([], vectorize)}))["main"].body
+    *bindings, store = statements(vector)
+    if not (isinstance(store, tir_stmt.BufferStore) and _consecutive(store.indices[-1])
+            and str(store.value.ty.dtype) == f"float32x{lanes}"):
+        return None
+    return [*bindings, store]
+
+
+def _consecutive(index) -> bool:
+    return isinstance(index, tirx.Ramp) and isinstance(index.stride, tirx.IntImm) and int(index.stride) == 1
+
+
+def _masked(store: tir_stmt.BufferStore, mask, local: list) -> tir_stmt.Stmt:
+    """The vector store, and its loads of consecutive elements from the kernel's parameters, masked
+    (the others are the same for every lane, or gathered inside the columns: _versions)."""
+    value = tvm_ffi.structural_map(store.value, (tvm.ir.TensorLoad, lambda load: tirx.op.masked_load(
+        load.ty.dtype, load.source, *load.indices, mask) if _consecutive(load.indices[-1]) and not _own_tile(
+        load, local) else load))
+    return tir_stmt.Evaluate(tirx.op.masked_store(store.buffer, value, *store.indices, mask))
+
+
+def _vector_stores(body: tir_stmt.Stmt, column: tirx.Var, width: int, bound, lanes: int, local: list):
+    """The vector stores of `body` over columns [0, width), masked to the columns below `bound`
+    (None: all of them), or None if one is not a vector store of consecutive elements."""
+    index = column.ty.dtype
+    vectors = []
+    for start in range(0, width, lanes):
+        vector = _vectorized(body, column, start, lanes)
+        if vector is None:
+            return None
+        *bindings, store = vector
+        if bound is not None:
+            columns = tirx.Ramp(tirx.const(start, index), tirx.const(1, index), lanes)
+            store = _masked(store, columns < tirx.Broadcast(bound, lanes), local)
+        vectors += statements(fresh_vars(sequence([*bindings, store])))
+    return sequence(vectors)
+
+
+def vector_write_back(loop: tir_stmt.For, lanes: int, local: list) -> tir_stmt.Stmt:
+    """The loop as vector stores (masked where it stops at E), if it writes back `min(W, E)`
+    columns or W columns with a strided addend; else unchanged."""
+    found = _write_back(loop, lanes, local)
+    if found is None:
+        return loop
+    width, bound = found
+    stores = None
+    for condition, body in reversed(_versions(_inlined(loop.body), loop.loop_var,
+                                              None if bound is None else bound - 1, local)):
+        version = _vector_stores(body, loop.loop_var, width, bound, lanes, local)
+        if version is None:
+            return loop
+        stores = version if condition is None else tir_stmt.IfThenElse(condition, version, stores)
+    # the loop ran no column where E <= 0: neither do the loads its columns do not index
+    stores = stores if bound is None else tir_stmt.IfThenElse(bound > 0, stores, None)
+    return tir_stmt.AttrStmt(loop.loop_var, _WRITE_BACK, tirx.const(1, "int32"), stores)
+
+
+_WRITE_BACK = "tf_dietcode.vector_write_back"  # marks a rewritten write-back until its row loop is unrolled
+
+
+def _unrolled_rows(loop: tir_stmt.For) -> tir_stmt.Stmt:
+    """A constant loop over a register tile's rows whose body holds a rewritten write-back, one copy
+    per row: each row's stores then index the tile with constants (LLVM left a loop of rows with
+    gathers in it rolled, and so indexed the tile by the row)."""
+    if not (loop.kind == tir_stmt.ForKind.SERIAL and isinstance(loop.extent, tirx.IntImm)
+            and int(loop.extent) <= MAX_TILE_ROWS and isinstance(loop.min, tirx.IntImm)
+            and any(isinstance(s, tir_stmt.AttrStmt) and s.attr_key == _WRITE_BACK for s in statements(loop.body))):
+        return loop
+    dtype = loop.loop_var.ty.dtype
+    return sequence([fresh_vars(tvm_ffi.structural_map(loop.body, (tirx.Var, lambda var, row=row: tirx.const(
+        row, dtype) if var.same_as(loop.loop_var) else var)))
+        for row in range(int(loop.min), int(loop.min) + int(loop.extent))])
+
+
+def _unmarked(stmt: tir_stmt.Stmt) -> tir_stmt.Stmt:
+    return tvm_ffi.structural_map(stmt, (tir_stmt.AttrStmt, lambda node: node.body if node.attr_key == _WRITE_BACK
+                                         else node))
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.VectorWriteBacks")
+def VectorWriteBacks(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:  # noqa: N802 (TVM pass naming)
+    lanes = hardware.llvm_float32_lanes(func)
+    if lanes is None:
+        return func
+    local = []  # the tiles the kernel allocates: read whole, never past their end
+    tvm_ffi.structural_walk(func.body, (tir_stmt.AllocBuffer, lambda node: local.append(node.buffer)))
+
+    def rewrite(loop, _enclosing):
+        rewritten = vector_write_back(loop, lanes, local)
+        return _unrolled_rows(rewritten) if rewritten.same_as(loop) else rewritten
+    return func.with_body(_unmarked(rebuild_loops(func.body, rewrite)))
