@@ -62,7 +62,8 @@ def test_an_addend_of_symbolic_column_stride_is_read_by_version():
                      and tvm.DataType(str(store.value.ty.dtype)).lanes == 1]
     assert not scalar_stores
     rolled_rows = [loop for loop in _nodes(main.body, tir_stmt.For) if isinstance(loop.extent, tirx.IntImm)
-                   and not _nodes(loop, tir_stmt.BufferStore) and any(c.op.same_as(_MASKED_STORE) for c in _calls(loop))]
+                   and not _nodes(loop, tir_stmt.BufferStore)
+                   and any(call.op.same_as(_MASKED_STORE) for call in _calls(loop))]
     assert not rolled_rows
     assert_computes_the_product(executable, NT_MASKED, kernel, range(1, 41))
 

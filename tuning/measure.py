@@ -19,8 +19,8 @@ import time
 import numpy as np
 import tvm
 
-from tf_dietcode.tuning import (guarded_loops, vector_write_backs, prefetch_panel, register_tiles, remainder_rows, task_scratch,
-                                 templates, transpose_in_registers)
+from tf_dietcode.tuning import (guarded_loops, prefetch_panel, register_tiles, remainder_rows, task_scratch,
+                                 templates, transpose_in_registers, vector_write_backs)
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
