@@ -10,7 +10,7 @@ from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
 from lowered_kernels import assert_computes_the_product, build_seen_after
-from tf_dietcode.tuning import hardware
+from tf_dietcode.tuning import hardware, micro_kernel
 from tf_dietcode.tuning.guarded_loops import whole_vectors_up_to_a_bound
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -99,3 +99,16 @@ def test_only_whole_vectors_up_to_a_symbolic_bound_are_masked():
     assert whole_vectors_up_to_a_bound(tirx.Min(tirx.const(LANES + 1, "int64"), n), LANES) is None
     assert whole_vectors_up_to_a_bound(tirx.Min(tirx.const(LANES, "int64"), tirx.const(3, "int64")), LANES) is None
     assert whole_vectors_up_to_a_bound(n, LANES) is None
+
+
+@pytest.mark.parametrize("workload", [Workload("dense", (1, 128), 96, 64), Workload("dense", (1, 16), 9, 16,
+                                                                                     activation="sigmoid")],
+                         ids=["dense_96", "dense_9"])
+def test_write_backs_already_in_vectors_are_left_alone(workload):
+    """A dense write-back is vectorized by its schedule: its loops run over rows or vectors, not one
+    column per iteration. Taking such a loop for columns vectorized a vector (a failed compile)."""
+    space = micro_kernel.space(hardware.detect(), workload)
+    for kernel in space[::max(1, len(space) // 12)]:
+        executable, main = build_seen_after("tf_dietcode.VectorWriteBacks", workload, kernel)
+        assert _masked_stores_and_partial_loops(main.body)[0] == [], kernel.name
+        assert_computes_the_product(executable, workload, kernel, (1, 7, workload.m.hi))

@@ -51,10 +51,19 @@ def _write_back(loop: tir_stmt.For, lanes: int, local: list):
             and isinstance(store, tir_stmt.BufferStore)
             and all(isinstance(binding, tir_stmt.Bind) for binding in bindings)):
         return None
+    store = _inlined(loop.body)
+    if not (str(store.value.ty.dtype) == str(store.buffer.dtype) == "float32"
+            and _steps_by_one(store.indices[-1], loop.loop_var)):
+        return None  # not one element per column of consecutive columns (a vector already, or rows)
     if isinstance(loop.extent, tirx.IntImm) and int(loop.extent) % lanes == 0 \
-            and _strided_loads(_inlined(loop.body), loop.loop_var, local):
+            and _strided_loads(store, loop.loop_var, local):
         return int(loop.extent), None
     return whole_vectors_up_to_a_bound(loop.extent, lanes)
+
+
+def _steps_by_one(index, column: tirx.Var) -> bool:
+    steps = sym.detect_linear_equation(index, [column])
+    return len(steps) == 2 and isinstance(steps[0], tirx.IntImm) and int(steps[0]) == 1
 
 
 def _own_tile(load, local: list) -> bool:
@@ -71,8 +80,8 @@ def _strided_loads(body: tir_stmt.Stmt, column: tirx.Var, local: list) -> list:
     for load in loads:
         if _own_tile(load, local) or not uses(load.indices[-1], [column]):
             continue
-        steps = sym.detect_linear_equation(load.indices[-1], [column])
-        if not (len(steps) == 2 and isinstance(steps[0], tirx.IntImm) and int(steps[0]) == 1):
+        if not _steps_by_one(load.indices[-1], column):
+            steps = sym.detect_linear_equation(load.indices[-1], [column])
             strided.append((load, steps[0] if len(steps) == 2 else None))
     return strided
 
