@@ -100,6 +100,11 @@ def whole_vectors_up_to_a_bound(extent, lanes: int) -> tuple[int, tvm.ir.Expr] |
     return int(width), bound
 
 
+def substituted(node, var: tirx.Var, value):
+    """The statement or expression with `value` in place of each use of `var`."""
+    return tvm_ffi.structural_map(node, (tirx.Var, lambda used: value if used.same_as(var) else used))
+
+
 def fresh_vars(nest: tir_stmt.Stmt) -> tir_stmt.Stmt:
     """A copy of a loop nest with loop variables and bindings of its own: TVM's passes refuse one
     variable bound twice (by two loops over different ranges)."""

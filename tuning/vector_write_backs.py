@@ -27,102 +27,86 @@ from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
 from tf_dietcode.tuning import hardware
-from tf_dietcode.tuning.guarded_loops import (fresh_vars, rebuild_loops, sequence, statements, uses,
+from tf_dietcode.tuning.guarded_loops import (fresh_vars, rebuild_loops, sequence, statements, substituted, uses,
                                               whole_vectors_up_to_a_bound)
 from tf_dietcode.tuning.micro_kernel import MAX_TILE_ROWS
 
 
-def _inlined(body: tir_stmt.Stmt) -> tir_stmt.BufferStore:
-    """A body of bindings and one store as the store alone, the bindings' values in place: every
-    load's index then shows how it depends on the column."""
-    *bindings, store = statements(body)
-    for binding in reversed(bindings):
-        store = tvm_ffi.structural_map(store, (tirx.Var, lambda var, b=binding: b.value if var.same_as(b.var)
-                                               else var))
-    return store
-
-
-def _write_back(loop: tir_stmt.For, lanes: int, local: list):
-    """(W, E) for a serial loop from 0 over `min(W, E)` columns, or (W, None) for one over W columns
-    that reads a strided addend (LLVM versions such a loop on the stride, and its fallback indexes
-    the tile), W a constant multiple of `lanes`, whose body is one store after bindings; else None."""
+def _inlined_store(loop: tir_stmt.For) -> tir_stmt.BufferStore | None:
+    """A serial loop from 0 whose body is bindings and one store: the store alone, the bindings'
+    values in place, so that every load's index shows how it depends on the column; else None."""
     *bindings, store = statements(loop.body)
     if not (loop.kind == tir_stmt.ForKind.SERIAL and isinstance(loop.min, tirx.IntImm) and int(loop.min) == 0
             and isinstance(store, tir_stmt.BufferStore)
             and all(isinstance(binding, tir_stmt.Bind) for binding in bindings)):
         return None
-    store = _inlined(loop.body)
-    if not (str(store.value.ty.dtype) == str(store.buffer.dtype) == "float32"
-            and _steps_by_one(store.indices[-1], loop.loop_var)):
-        return None  # not one element per column of consecutive columns (a vector already, or rows)
-    if isinstance(loop.extent, tirx.IntImm) and int(loop.extent) % lanes == 0 \
-            and _strided_loads(store, loop.loop_var, local):
-        return int(loop.extent), None
-    return whole_vectors_up_to_a_bound(loop.extent, lanes)
+    for binding in reversed(bindings):
+        store = substituted(store, binding.var, binding.value)
+    return store
 
 
-def _steps_by_one(index, column: tirx.Var) -> bool:
+def _column_steps(index, column: tirx.Var) -> list | None:
+    """[step per column, the rest] for an index linear in the column, else None."""
     steps = sym.detect_linear_equation(index, [column])
-    return len(steps) == 2 and isinstance(steps[0], tirx.IntImm) and int(steps[0]) == 1
+    return list(steps) if len(steps) == 2 else None
+
+
+def _steps_by_one(steps: list | None) -> bool:
+    return steps is not None and isinstance(steps[0], tirx.IntImm) and int(steps[0]) == 1
 
 
 def _own_tile(load, local: list) -> bool:
     return any(load.source.same_as(tile) for tile in local)
 
 
-def _strided_loads(body: tir_stmt.Stmt, column: tirx.Var, local: list) -> list:
-    """(load, its step per column or None) for the loads from the kernel's parameters whose index
-    steps by other than one element per column: an addend's symbolic column stride (1 in the usual
-    layout, 0 for a mask broadcast along the columns)."""
+def _strided_loads(store: tir_stmt.BufferStore, column: tirx.Var, local: list) -> list:
+    """(load, its index's column steps or None) for the loads from the kernel's parameters whose
+    index steps by other than one element per column: an addend's symbolic column stride (1 in the
+    usual layout, 0 for a mask broadcast along the columns)."""
     loads = []
-    tvm_ffi.structural_walk(body, (tvm.ir.TensorLoad, loads.append))
+    tvm_ffi.structural_walk(store.value, (tvm.ir.TensorLoad, loads.append))
     strided = []
     for load in loads:
-        if _own_tile(load, local) or not uses(load.indices[-1], [column]):
-            continue
-        if not _steps_by_one(load.indices[-1], column):
-            steps = sym.detect_linear_equation(load.indices[-1], [column])
-            strided.append((load, steps[0] if len(steps) == 2 else None))
+        if not _own_tile(load, local) and uses(load.indices[-1], [column]):
+            steps = _column_steps(load.indices[-1], column)
+            if not _steps_by_one(steps):
+                strided.append((load, steps))
     return strided
 
 
-def _rewrite_loads(body: tir_stmt.Stmt, rewrite: list) -> tir_stmt.Stmt:
-    return tvm_ffi.structural_map(body, (tvm.ir.TensorLoad, lambda load: next(
+def _rewrite_loads(store: tir_stmt.BufferStore, rewrite: list) -> tir_stmt.BufferStore:
+    return tvm_ffi.structural_map(store, (tvm.ir.TensorLoad, lambda load: next(
         (new for old, new in rewrite if old.same_as(load)), load)))
 
 
-def _versions(body: tir_stmt.Stmt, column: tirx.Var, last, local: list) -> list:
-    """[(condition, body)]: one body per case of the strided loads' steps at run time, the last one
+def _versions(store: tir_stmt.BufferStore, column: tirx.Var, strided: list, last) -> list:
+    """[(condition, store)]: one store per case of the strided loads' steps at run time, the last one
     with condition None. Where every such load's step is 1 at run time (the usual layout), they are
     indexed `rest + c` (vector loads); otherwise they read column `min(c, last)` (gathers that stop
     at the last column; `last` None: every column is inside)."""
-    strided = _strided_loads(body, column, local)
     if not strided:
-        return [(None, body)]
-    clamped = [(load, load if last is None else tvm_ffi.structural_map(load, (tirx.Var, lambda var: tirx.Min(
-        var, last) if var.same_as(column) else var))) for load, _ in strided]
-    gathered = (None, _rewrite_loads(body, clamped))
-    if any(step is None for _, step in strided):  # an index not linear in the column: gathered always
+        return [(None, store)]
+    clamped = [(load, load if last is None else substituted(load, column, tirx.Min(column, last)))
+               for load, _ in strided]
+    gathered = (None, _rewrite_loads(store, clamped))
+    if any(steps is None for _, steps in strided):  # an index not linear in the column: gathered always
         return [gathered]
-    unit = [(load, tirx.BufferLoad(load.source, [*load.indices[:-1], sym.detect_linear_equation(
-        load.indices[-1], [column])[1] + column])) for load, _ in strided]
-    return [(tvm.tirx.all(*[step == 1 for _, step in strided]), _rewrite_loads(body, unit)), gathered]
+    unit = [(load, tirx.BufferLoad(load.source, [*load.indices[:-1], steps[1] + column])) for load, steps in strided]
+    return [(tvm.tirx.all(*[steps[0] == 1 for _, steps in strided]), _rewrite_loads(store, unit)), gathered]
 
 
-def _vectorized(body: tir_stmt.Stmt, column: tirx.Var, start: int, lanes: int) -> list[tir_stmt.Stmt] | None:
-    """The body for columns [start, start + lanes) as bindings and one vector store (TVM's
-    vectorizer), or None where the store is not one vector store of consecutive elements."""
+def _vectorized(store: tir_stmt.BufferStore, column: tirx.Var, start: int, lanes: int) -> tir_stmt.BufferStore | None:
+    """The store for columns [start, start + lanes) as one vector store (TVM's vectorizer), or None
+    where it is not one vector store of consecutive elements."""
     lane = tirx.Var("lane", column.ty.dtype)
-    shifted = tirx.const(start, lane.ty.dtype) + lane
-    body = tvm_ffi.structural_map(body, (tirx.Var, lambda var: shifted if var.same_as(column) else var))
     vectorize = tir_stmt.For(lane, tirx.const(0, lane.ty.dtype), tirx.const(lanes, lane.ty.dtype),
-                             tir_stmt.ForKind.VECTORIZED, body)
+                             tir_stmt.ForKind.VECTORIZED,
+                             substituted(store, column, tirx.const(start, lane.ty.dtype) + lane))
     vector = tvm.tirx.transform.VectorizeLoop()(tvm.IRModule({"main": tirx.PrimFunc([], vectorize)}))["main"].body
-    *bindings, store = statements(vector)
-    if not (isinstance(store, tir_stmt.BufferStore) and _consecutive(store.indices[-1])
-            and str(store.value.ty.dtype) == f"float32x{lanes}"):
+    if not (isinstance(vector, tir_stmt.BufferStore) and _consecutive(vector.indices[-1])
+            and str(vector.value.ty.dtype) == f"float32x{lanes}"):
         return None
-    return [*bindings, store]
+    return vector
 
 
 def _consecutive(index) -> bool:
@@ -138,37 +122,45 @@ def _masked(store: tir_stmt.BufferStore, mask, local: list) -> tir_stmt.Stmt:
     return tir_stmt.Evaluate(tirx.op.masked_store(store.buffer, value, *store.indices, mask))
 
 
-def _vector_stores(body: tir_stmt.Stmt, column: tirx.Var, width: int, bound, lanes: int, local: list):
-    """The vector stores of `body` over columns [0, width), masked to the columns below `bound`
+def _vector_stores(store: tir_stmt.BufferStore, column: tirx.Var, width: int, bound, lanes: int, local: list):
+    """The vector stores of `store` over columns [0, width), masked to the columns below `bound`
     (None: all of them), or None if one is not a vector store of consecutive elements."""
     index = column.ty.dtype
     vectors = []
     for start in range(0, width, lanes):
-        vector = _vectorized(body, column, start, lanes)
+        vector = _vectorized(store, column, start, lanes)
         if vector is None:
             return None
-        *bindings, store = vector
         if bound is not None:
             columns = tirx.Ramp(tirx.const(start, index), tirx.const(1, index), lanes)
-            store = _masked(store, columns < tirx.Broadcast(bound, lanes), local)
-        vectors += statements(fresh_vars(sequence([*bindings, store])))
+            vector = _masked(vector, columns < tirx.Broadcast(bound, lanes), local)
+        vectors.append(vector)
     return sequence(vectors)
 
 
 def vector_write_back(loop: tir_stmt.For, lanes: int, local: list) -> tir_stmt.Stmt:
-    """The loop as vector stores (masked where it stops at E), if it writes back `min(W, E)`
-    columns or W columns with a strided addend; else unchanged."""
-    found = _write_back(loop, lanes, local)
-    if found is None:
-        return loop
-    width, bound = found
-    stores = None
-    for condition, body in reversed(_versions(_inlined(loop.body), loop.loop_var,
-                                              None if bound is None else bound - 1, local)):
-        version = _vector_stores(body, loop.loop_var, width, bound, lanes, local)
-        if version is None:
+    """The loop as vector stores, if it writes back one element per column of consecutive columns:
+    `min(W, E)` columns (masked to E), or W columns reading a strided addend (LLVM versions such a
+    loop on the stride, and its fallback indexes the tile), W a constant multiple of `lanes`; else
+    the loop unchanged."""
+    store = _inlined_store(loop)
+    if store is None or not (str(store.value.ty.dtype) == str(store.buffer.dtype) == "float32"
+                             and _steps_by_one(_column_steps(store.indices[-1], loop.loop_var))):
+        return loop  # not one element per column of consecutive columns (a vector already, or rows)
+    strided = _strided_loads(store, loop.loop_var, local)
+    if strided and isinstance(loop.extent, tirx.IntImm) and int(loop.extent) % lanes == 0:
+        width, bound = int(loop.extent), None
+    else:
+        found = whole_vectors_up_to_a_bound(loop.extent, lanes)
+        if found is None:
             return loop
-        stores = version if condition is None else tir_stmt.IfThenElse(condition, version, stores)
+        width, bound = found
+    stores = None
+    for condition, version in reversed(_versions(store, loop.loop_var, strided, None if bound is None else bound - 1)):
+        vectors = _vector_stores(version, loop.loop_var, width, bound, lanes, local)
+        if vectors is None:
+            return loop
+        stores = vectors if condition is None else tir_stmt.IfThenElse(condition, vectors, stores)
     # the loop ran no column where E <= 0: neither do the loads its columns do not index
     stores = stores if bound is None else tir_stmt.IfThenElse(bound > 0, stores, None)
     return tir_stmt.AttrStmt(loop.loop_var, _WRITE_BACK, tirx.const(1, "int32"), stores)
@@ -185,10 +177,8 @@ def _unrolled_rows(loop: tir_stmt.For) -> tir_stmt.Stmt:
             and int(loop.extent) <= MAX_TILE_ROWS and isinstance(loop.min, tirx.IntImm)
             and any(isinstance(s, tir_stmt.AttrStmt) and s.attr_key == _WRITE_BACK for s in statements(loop.body))):
         return loop
-    dtype = loop.loop_var.ty.dtype
-    return sequence([fresh_vars(tvm_ffi.structural_map(loop.body, (tirx.Var, lambda var, row=row: tirx.const(
-        row, dtype) if var.same_as(loop.loop_var) else var)))
-        for row in range(int(loop.min), int(loop.min) + int(loop.extent))])
+    return sequence([fresh_vars(substituted(loop.body, loop.loop_var, tirx.const(row, loop.loop_var.ty.dtype)))
+                     for row in range(int(loop.min), int(loop.min) + int(loop.extent))])
 
 
 def _unmarked(stmt: tir_stmt.Stmt) -> tir_stmt.Stmt:
