@@ -11,7 +11,7 @@ from tvm.tirx import stmt as tir_stmt
 
 from lowered_kernels import assert_computes_the_product, build_seen_after
 from tf_dietcode.tuning import hardware, micro_kernel
-from tf_dietcode.tuning.guarded_loops import whole_vectors_up_to_a_bound
+from tf_dietcode.tuning.guarded_loops import statements, whole_vectors_up_to_a_bound
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
 
@@ -19,17 +19,28 @@ NT = Workload("batch_matmul", (1, 40), (1, 40), 64, b=3, ties=("m", "n"))
 NT_MASKED = Workload("batch_matmul", (1, 40), (1, 40), 16, b=(2, 3), bias=True, ties=("m", "n"))
 LANES = hardware.detect().vector_lanes
 _MASKED_STORE = tvm.ir.Op.get("tirx.masked_store")
+_MASKED_LOAD = tvm.ir.Op.get("tirx.masked_load")
+
+
+def _nodes(body, kind) -> list:
+    found = []
+    tvm_ffi.structural_walk(body, (kind, found.append))
+    return found
+
+
+def _calls(body) -> list:
+    return _nodes(body, tvm.ir.Call)
+
+
+def _loads(value) -> list:
+    return _nodes(value, tvm.ir.TensorLoad)
 
 
 def _masked_stores_and_partial_loops(body) -> tuple[list, list]:
-    calls, loops = [], []
-    tvm_ffi.structural_walk(body, ((tvm.ir.Call, tir_stmt.For), lambda node: (
-        loops if isinstance(node, tir_stmt.For) else calls).append(node)))
-    partial = [loop for loop in loops if whole_vectors_up_to_a_bound(loop.extent, LANES)
-               and isinstance(loop.body, (tir_stmt.BufferStore, tir_stmt.SeqStmt))
+    partial = [loop for loop in _nodes(body, tir_stmt.For) if whole_vectors_up_to_a_bound(loop.extent, LANES)
                and any(isinstance(s, tir_stmt.BufferStore) and s.buffer.name.startswith("out")
-                       for s in (loop.body.seq if isinstance(loop.body, tir_stmt.SeqStmt) else [loop.body]))]
-    return [call for call in calls if call.op.same_as(_MASKED_STORE)], partial
+                       for s in statements(loop.body))]
+    return [call for call in _calls(body) if call.op.same_as(_MASKED_STORE)], partial
 
 
 @pytest.mark.parametrize("kernel", [MicroKernel(4, 2 * LANES, 64, 1, False, whole_batch=True),
@@ -66,23 +77,6 @@ def test_an_addend_of_symbolic_column_stride_is_read_by_version():
                    and any(call.op.same_as(_MASKED_STORE) for call in _calls(loop))]
     assert not rolled_rows
     assert_computes_the_product(executable, NT_MASKED, kernel, range(1, 41))
-
-
-_MASKED_LOAD = tvm.ir.Op.get("tirx.masked_load")
-
-
-def _nodes(body, kind) -> list:
-    found = []
-    tvm_ffi.structural_walk(body, (kind, found.append))
-    return found
-
-
-def _calls(body) -> list:
-    return _nodes(body, tvm.ir.Call)
-
-
-def _loads(value) -> list:
-    return _nodes(value, tvm.ir.TensorLoad)
 
 
 def test_static_builds_have_nothing_to_mask():
