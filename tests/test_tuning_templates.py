@@ -121,6 +121,16 @@ def test_whole_batch_tasks_run_their_column_tasks_in_turn(rng, workload):
     assert_right_at_edge_shapes(workload, kernel, rng)
 
 
+@pytest.mark.parametrize("transpose_b", [False, True], ids=["nn", "nt"])
+def test_whole_batch_over_a_static_n_with_a_partial_last_column_task(rng, transpose_b):
+    """N = 40 in column tasks of 32: LoopPartition leaves a one-iteration piece of the column-task
+    loop, which it used to inline with an int32 index into int64 code, and the kernel did not
+    compile (measure.PASS_CONFIG says more)."""
+    workload = Workload("batch_matmul", (1, 40), 40, (1, 40) if not transpose_b else 16, b=6,
+                        transpose_b=transpose_b, ties=("m", "k") if not transpose_b else ())
+    assert_right_at_edge_shapes(workload, micro_kernel.MicroKernel(2, 32, 40, 1, False, whole_batch=True), rng)
+
+
 @pytest.mark.parametrize("workload", [WORKLOADS[0], WORKLOADS[6], WORKLOADS[8]], ids=ids)
 def test_odd_vector_counts_vectorize_in_whole_registers(rng, workload):
     """A register tile three vectors wide is vectorized in power-of-two pieces
