@@ -35,8 +35,9 @@ bench: $(BENCH_INSTALLED)
 bench-quick: $(BENCH_INSTALLED)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.suite --quick
 
+# Test files spread over the cores (at most 4 workers; a file stays on one, so its module fixtures are built once).
 test: $(INSTALLED) bazel
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile tests
 
 # The op tests against an AddressSanitizer + UBSan build of the op library (build/asan/).
 sanitize: $(INSTALLED)

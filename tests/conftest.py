@@ -11,7 +11,8 @@ import tensorflow as tf
 import tf_dietcode
 from tf_dietcode.reference import ACTIVATIONS
 
-SEED = int(os.environ.get("TF_DIETCODE_TEST_SEED", random.SystemRandom().randrange(2**31)))
+# In the environment, so that pytest-xdist's workers (and fresh processes) draw from the same seed.
+SEED = int(os.environ.setdefault("TF_DIETCODE_TEST_SEED", str(random.SystemRandom().randrange(2**31))))
 
 
 def pytest_report_header(config):
