@@ -50,11 +50,12 @@ class Measurement:
 # (templates.copy_inside_bounds), leaving the write-backs and a dynamic K's last block
 # (batch_matmul.partition_the_reduction).
 # no_unroll_loop_with_extent_one: a partition of one iteration is otherwise inlined with its
-# loop var replaced by an int32 zero (TVM 0.27's LoopPartitioner::MakeFor), though the var is
-# int64: a whole_batch kernel over a static N that its column tasks do not divide (N = 40 in
-# tasks of 16 columns, or BERT's 64 in AVX2's 24) then failed to compile ("mismatched types.
-# int32 vs. int64"), and tuning lost those candidates. The loop left behind is simplified
-# away later; every other kernel's lowered code is unchanged (30 kernels compared as text).
+# loop var replaced by an int32 zero (LoopPartitioner::MakeFor, read in TVM's main branch; the
+# failure seen on 0.27), though the var is int64: a whole_batch kernel over a static N that its
+# column tasks do not divide (N = 40 in tasks of 16 columns, or BERT's 64 in AVX2's 24) then
+# failed to compile ("mismatched types. int32 vs. int64"), and tuning lost those candidates.
+# The loop left behind is simplified away later; every other kernel's lowered code is
+# unchanged (30 kernels compared as text).
 PASS_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True, "no_unroll_loop_with_extent_one": True}}
 
 
