@@ -105,8 +105,8 @@ def tvm_seconds(*calls: tuple) -> list[float]:
         seconds = first(*arguments).mean
         number = max(1, int(np.ceil(ROUND_SECONDS / seconds)))
         timers.append((module.time_evaluator(name, tvm.cpu(), number=number, repeat=1), arguments))
-    rounds = [[timer(*arguments).mean for timer, arguments in timers] for _ in range(ROUNDS)]
-    return [float(np.median(column)) for column in zip(*rounds)]
+    samples = measure.interleaved(lambda i: timers[i][0](*timers[i][1]).mean, [ROUNDS] * len(timers))
+    return [float(np.median(runs)) for runs in samples]
 
 
 TVM_POOL_SETTLE_SECONDS = 1.0  # TVM's pool threads spin a while after a call before they sleep

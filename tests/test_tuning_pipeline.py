@@ -298,7 +298,7 @@ def test_cold_timing_spends_its_runs_where_runs_are_short():
 
 
 class ProbedModule:
-    """A module whose every timing reads `seconds` per run; records each timer's repeat count."""
+    """A module whose every timing reads `seconds` per run; counts the runs each timer timed."""
 
     def __init__(self, seconds: float):
         self.seconds, self.timers = seconds, []
@@ -307,8 +307,13 @@ class ProbedModule:
         return lambda *arguments: None
 
     def time_evaluator(self, name, device, number=1, repeat=1, min_repeat_ms=0, f_preproc=""):
-        self.timers.append(repeat)
-        return lambda *arguments: type("Result", (), {"results": [self.seconds] * repeat})
+        position = len(self.timers)
+        self.timers.append(0)
+
+        def timer(*arguments):
+            self.timers[position] += repeat
+            return type("Result", (), {"results": [self.seconds] * repeat, "mean": self.seconds})
+        return timer
 
 
 @pytest.mark.parametrize("workload", [WORKLOAD, Workload("dense", (1, 100), 64, 32, cold_weight=True)],
@@ -318,11 +323,37 @@ def test_a_kernel_clearly_slower_than_the_best_is_probed_not_timed_in_full(rng, 
     elsewhere (no best yet, or a close one) the kernel is timed in full after its probe."""
     kernel = MicroKernel(2, 8, 32, 1, True)
     module = ProbedModule(0.010)
-    records = measure.measure_module(module, tvm.cpu(), workload, kernel, [(9,), (50,), (77,)], rng,
-                                     best={(9,): 0.004, (50,): 0.006})
+    records = measure.measure_modules([(kernel, module)], tvm.cpu(), workload, [(9,), (50,), (77,)], rng,
+                                      best={(9,): 0.004, (50,): 0.006})
     assert [r.seconds for r in records] == [0.010] * 3
-    full = measure.cold_repeats(5, 0.0) if workload.cold_weight else 5  # the fake runs take no time
+    # The fake runs take no time: a cold repeat is still a single run, and takes half the rounds.
+    full = (measure.cold_repeats(5, 0.0) + 2) // 2 if workload.cold_weight else 5
     assert module.timers == [1, 1, full, full]  # (9,): probe only; (50,): probe, then in full; (77,): in full
+
+
+def test_repeats_are_interleaved_across_kernels_and_shapes():
+    """Each round times every (kernel, shape) pair once, so all of them see the machine's
+    slow and fast seconds alike; a pair that fails stops being timed and is recorded."""
+    calls = []
+    assert measure.interleaved(lambda i: calls.append(i) or float(i), [2, 3, 1]) == [[0.0, 0.0], [1.0] * 3, [2.0]]
+    assert calls == [0, 1, 2, 0, 1, 1]
+
+    class FailingModule(ProbedModule):
+        """Its second timer (the second shape's) fails at its second run."""
+
+        def time_evaluator(self, *args, **kwargs):
+            timer, position = super().time_evaluator(*args, **kwargs), len(self.timers)
+            return lambda *arguments: 1 / 0 if position == 2 and self.timers[1] == 1 else timer(*arguments)
+
+    good, bad = ProbedModule(0.001), FailingModule(0.002)
+    kernels = [MicroKernel(2, 8, 32, 1, True), MicroKernel(4, 8, 32, 1, False)]
+    steps = []
+    records = measure.measure_modules(list(zip(kernels, [good, bad])), tvm.cpu(), WORKLOAD, [(3,), (8,)],
+                                      np.random.default_rng(0), on_step=steps.append)
+    assert [(r.kernel, r.shape, r.seconds) for r in records] == [
+        (kernels[0], (3,), 0.001), (kernels[0], (8,), 0.001), (kernels[1], (3,), 0.002), (kernels[1], (8,), None)]
+    assert "ZeroDivisionError" in records[3].error and good.timers == [5, 5] and bad.timers == [5, 1]
+    assert steps == [0, 1, 0, 1] + [0, 1, 0, 1] * 2 + [0, 1, 0] * 3  # warm-ups by shape, then rounds
 
 
 def test_runner_records_timeouts_instead_of_failing():

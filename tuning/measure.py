@@ -1,8 +1,9 @@
 """Compiling micro-kernels and measuring them with real runs on this machine.
 
 A measurement is one micro-kernel at one shape (the values of the workload's
-shape variables): median seconds over repeats after a warm-up, or the error
-that stopped it (recorded, never raised).
+shape variables): median seconds over repeats after a warm-up, the repeats
+interleaved with those of the other kernels measured with it (measure_modules
+says why), or the error that stopped it (recorded, never raised).
 
 A dense workload with `cold_weight` is timed cold, as MetaSchedule times CPU
 kernels: before each run every operand but x (the weight, bias and output) is
@@ -14,7 +15,9 @@ the previous op's output, cached in a model too.
 """
 
 import dataclasses
+import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 import tvm
@@ -92,13 +95,6 @@ def run(executable, arguments) -> None:
     executable.mod["main"](*arguments)
 
 
-def measure(executable, workload: Workload, kernel: MicroKernel, shapes: list[tuple[int, ...]],
-            rng: np.random.Generator, repeats: int = 5, min_repeat_ms: int = 20,
-            best: dict[tuple[int, ...], float] | None = None) -> list[Measurement]:
-    """Median time of a locally compiled kernel at each shape (warm-up excluded)."""
-    return measure_module(executable.mod, tvm.cpu(), workload, kernel, shapes, rng, repeats, min_repeat_ms, best)
-
-
 COLD_REPEATS = 15  # single runs, each after a flush: noisier than warm repeats, so more of them
 COLD_SECONDS = 0.3  # ... but no more runs than fill this: a 0.2 s run varies by a few %, not a 0.2 ms one
 
@@ -118,10 +114,20 @@ PROBE_MS = 5  # a warm probe's length: long enough that a 20 us kernel is not ju
 
 
 def _timer(module, device, workload: Workload, repeats: int, min_repeat_ms: int, warm_up_seconds: float):
+    """A timer of one repeat, and how many rounds to call it. A warm timer keeps the call count
+    it settled on in its first repeat (min_repeat_ms), so later rounds do not search for it again.
+
+    Each call of a timer first makes one untimed run (time_evaluator does). Where a repeat is
+    a single run (cold timings, and warm kernels that fill min_repeat_ms alone) that doubles a
+    round's cost, so those take (runs + 2) // 2 rounds: as many runs as their repeats back to
+    back took in one call.
+    """
     if workload.cold_weight:  # one run per repeat: later runs of a repeat would find the weight cached
-        return module.time_evaluator("main", device, number=1, repeat=cold_repeats(repeats, warm_up_seconds),
-                                     f_preproc="cache_flush_cpu_non_first_arg")
-    return module.time_evaluator("main", device, number=1, repeat=repeats, min_repeat_ms=min_repeat_ms)
+        return (module.time_evaluator("main", device, number=1, repeat=1, f_preproc="cache_flush_cpu_non_first_arg"),
+                (cold_repeats(repeats, warm_up_seconds) + 2) // 2)
+    single_run = warm_up_seconds * 1e3 >= min_repeat_ms
+    return (module.time_evaluator("main", device, number=1, repeat=1, min_repeat_ms=min_repeat_ms),
+            (repeats + 2) // 2 if single_run else repeats)
 
 
 def _probe(module, device, workload: Workload):
@@ -131,35 +137,74 @@ def _probe(module, device, workload: Workload):
     return module.time_evaluator("main", device, number=1, repeat=1, min_repeat_ms=PROBE_MS)
 
 
-def measure_module(module, device, workload: Workload, kernel: MicroKernel, shapes: list[tuple[int, ...]],
-                   rng: np.random.Generator, repeats: int = 5, min_repeat_ms: int = 20,
-                   best: dict[tuple[int, ...], float] | None = None) -> list[Measurement]:
-    """Median time of `module`'s "main" at each shape on `device` (local or over RPC).
+def measure_modules(modules: list[tuple[MicroKernel, object]], device, workload: Workload,
+                    shapes: list[tuple[int, ...]], rng: np.random.Generator, repeats: int = 5,
+                    min_repeat_ms: int = 20, best: dict[tuple[int, ...], float] | None = None,
+                    on_step: Callable[[int], None] = lambda index: None) -> list[Measurement]:
+    """Median time of each (kernel, module)'s "main" at each shape on `device` (local or over
+    RPC), by kernel then shape. on_step(i) is called before each step of kernel i's work.
 
-    With `best` (the fastest time measured so far at each shape), a kernel whose
-    probe at a shape is ABANDON_FACTOR times that is recorded at its probe's time
-    instead of being timed in full: the search only needs to know it is slower,
-    and on BERT-base's quick tuning the full timings of such kernels were about
-    a third of all measuring time (cold dense layers at M = 2048 run 0.1-1 s).
+    The repeats are spread over time: after a warm-up call of every (kernel, shape) pair, each
+    round times every pair once, in turn (interleaved). Why: this VM's speed sits at levels
+    for about a second at a time (one kernel read 95, 121 or 150-175 GFLOP/s for a second
+    each, on the Zen 3 VM), so repeats back to back time one level and kernels measured one
+    after another were compared by their moments. In one tuning of dense batch 16, the
+    kernel fastest at M = 1600-2048 when timed interleaved read about half its speed at five
+    of six sample shapes and lost the vote to one 10% slower.
+
+    With `best` (the fastest time measured so far at each shape), a pair whose probe is
+    ABANDON_FACTOR times that is recorded at its probe's time instead of being timed in
+    full: the search only needs to know it is slower, and on BERT-base's quick tuning the
+    full timings of such kernels were about a third of all measuring time (cold dense
+    layers at M = 2048 run 0.1-1 s).
     """
     template = templates.for_workload(workload)
-    results = []
-    for shape in shapes:
-        try:
-            operands = template.random_operands(workload, workload.dims_at(shape), rng)
-            arguments = template.kernel_arguments(operands, workload, kernel, device)
-            started = time.perf_counter()
-            module["main"](*arguments)
-            # A fresh timer per shape: one timer keeps the call count it settled on
-            # for the first (smallest) shape, which makes large shapes take ages.
-            warm_up_seconds = time.perf_counter() - started
-            if best and tuple(shape) in best:
-                probe = float(np.median(_probe(module, device, workload)(*arguments).results))
-                if probe > ABANDON_FACTOR * best[tuple(shape)]:
-                    results.append(Measurement(kernel, tuple(shape), probe))
-                    continue
-            timer = _timer(module, device, workload, repeats, min_repeat_ms, warm_up_seconds)
-            results.append(Measurement(kernel, tuple(shape), float(np.median(timer(*arguments).results))))
-        except Exception as error:  # noqa: BLE001 - a failed candidate is data, not a crash
-            results.append(Measurement(kernel, tuple(shape), None, f"{type(error).__name__}: {error}"))
-    return results
+    records: dict[tuple[int, tuple[int, ...]], Measurement] = {}
+    timed: list[tuple[int, tuple[int, ...], Callable[[], float], int]] = []  # index, shape, run, runs
+    for shape in map(tuple, shapes):
+        operands = template.random_operands(workload, workload.dims_at(shape), rng)
+        for index, (kernel, module) in enumerate(modules):
+            on_step(index)
+            try:
+                arguments = template.kernel_arguments(operands, workload, kernel, device)
+                started = time.perf_counter()
+                module["main"](*arguments)
+                warm_up_seconds = time.perf_counter() - started
+                if best and shape in best:
+                    probe = float(np.median(_probe(module, device, workload)(*arguments).results))
+                    if probe > ABANDON_FACTOR * best[shape]:
+                        records[index, shape] = Measurement(kernel, shape, probe)
+                        continue
+                timer, runs = _timer(module, device, workload, repeats, min_repeat_ms, warm_up_seconds)
+                timed.append((index, shape, lambda t=timer, a=arguments: float(t(*a).mean), runs))
+            except Exception as error:  # noqa: BLE001 - a failed candidate is data, not a crash
+                records[index, shape] = Measurement(kernel, shape, None, f"{type(error).__name__}: {error}")
+
+    failures: dict[int, Exception] = {}
+
+    def time_once(position: int) -> float:
+        if position not in failures:
+            on_step(timed[position][0])
+            try:
+                return timed[position][2]()
+            except Exception as error:  # noqa: BLE001 - a failed candidate is data, not a crash
+                failures[position] = error
+        return math.nan
+
+    samples = interleaved(time_once, [runs for *_, runs in timed])
+    for position, ((index, shape, _, _), times) in enumerate(zip(timed, samples)):
+        kernel, error = modules[index][0], failures.get(position)
+        records[index, shape] = (Measurement(kernel, shape, None, f"{type(error).__name__}: {error}") if error
+                                 else Measurement(kernel, shape, float(np.median(times))))
+    return [records[index, tuple(shape)] for index in range(len(modules)) for shape in shapes]
+
+
+def interleaved(run: Callable[[int], float], counts: list[int]) -> list[list[float]]:
+    """run(i) called counts[i] times for each i, in rounds (each round calls every i still
+    short of its count once); each i's results."""
+    samples: list[list[float]] = [[] for _ in counts]
+    for round_ in range(max(counts, default=0)):
+        for position, count in enumerate(counts):
+            if round_ < count:
+                samples[position].append(run(position))
+    return samples

@@ -2,7 +2,7 @@
 
 Both have one method, run(workload, kernels, shapes, seed, best) -> [Measurement]
 (best: the fastest time measured so far at each shape, so that clearly slower
-kernels are not timed in full; see measure.measure_module).
+kernels are not timed in full; see measure.measure_modules).
 LocalRunner measures in a child process (tuning/runner_worker.py) so that a
 candidate that hangs or crashes costs one timeout and is recorded as failed,
 never the tuning run; the child gets the machine's cores through TVM's thread
@@ -37,7 +37,7 @@ class LocalRunner:
     hw: Hardware
     repeats: int = 5
     min_repeat_ms: int = 20
-    timeout_s: float = 60.0    # per micro-kernel: compile plus every shape
+    timeout_s: float = 60.0    # per step of a kernel's work: its compile, a warm-up or one timing
     _worker: subprocess.Popen | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
     _finalizer: weakref.finalize | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
@@ -47,38 +47,36 @@ class LocalRunner:
         results: list[Measurement] = []
         remaining = list(kernels)
         while remaining:
-            done = self._run_worker(workload, remaining, shapes, seed, best or {}, results)
-            remaining = remaining[done:]
-            if remaining:  # the kernel being measured hung or killed the worker
-                measured = {r.shape for r in results if r.kernel == remaining[0]}
-                results.extend(Measurement(remaining[0], tuple(s), None, "timeout or crash")
-                               for s in shapes if tuple(s) not in measured)
-                remaining = remaining[1:]
+            hung = self._run_worker(workload, remaining, shapes, seed, best or {}, results)
+            if hung is None:
+                break
+            results.extend(Measurement(remaining[hung], tuple(s), None, "timeout or crash") for s in shapes)
+            remaining = remaining[:hung] + remaining[hung + 1:]  # the others are measured again, together
         return results
 
-    def _run_worker(self, workload, kernels, shapes, seed, best, results) -> int:
-        """Sends one job to the worker; returns how many of its kernels finished (all, unless
-        one hung or killed the worker, which is then stopped)."""
+    def _run_worker(self, workload, kernels, shapes, seed, best, results) -> int | None:
+        """Sends one job to the worker; returns None when it finished, else the index of the
+        kernel that hung or killed the worker (the one it last said it was busy with), which
+        is then stopped."""
         job = {"workload": workload.key(), "kernels": [dataclasses.asdict(k) for k in kernels],
                "shapes": [list(s) for s in shapes], "seed": seed, "repeats": self.repeats,
                "min_repeat_ms": self.min_repeat_ms, "best": [[list(s), t] for s, t in best.items()]}
         worker = self._started_worker()
-        finished = 0
+        busy = 0
         try:
             worker.stdin.write(json.dumps(job).encode() + b"\n")
             worker.stdin.flush()
             for record in _records(worker, self.timeout_s):
                 if "done" in record:
-                    finished += 1
-                    if finished == len(kernels):
-                        break
+                    return None
+                if "busy" in record:
+                    busy = record["busy"]
                 else:
                     results.append(Measurement.from_json(record))
         except BrokenPipeError:
             pass  # the worker died before reading the job
-        if finished < len(kernels):
-            self.close()
-        return finished
+        self.close()
+        return busy
 
     def _started_worker(self) -> subprocess.Popen:
         if self._worker is None:
@@ -146,18 +144,17 @@ class RPCRunner:
             seed: int = 0, best: dict[tuple[int, ...], float] | None = None) -> list[Measurement]:
         session = rpc.connect_tracker(self.tracker_host, self.tracker_port).request(
             self.key, session_timeout=self.session_timeout_s)
-        rng = np.random.default_rng(seed)
         results: list[Measurement] = []
+        loaded = []
         with tempfile.TemporaryDirectory(prefix="tf-dietcode-rpc-") as scratch:
             for index, kernel in enumerate(kernels):
                 try:
                     library = f"{scratch}/kernel{index}.so"
                     measure.compile_kernel(workload, kernel, self.hw).export_library(library)
                     session.upload(library)
-                    module = session.load_module(f"kernel{index}.so")
-                    results.extend(measure.measure_module(module, session.cpu(), workload, kernel, shapes, rng,
-                                                          self.repeats, self.min_repeat_ms, best))
+                    loaded.append((kernel, session.load_module(f"kernel{index}.so")))
                 except Exception as error:  # noqa: BLE001 - a failed candidate is data
                     results.extend(Measurement(kernel, tuple(s), None, f"{type(error).__name__}: {error}")
                                    for s in shapes)
-        return results
+        return results + measure.measure_modules(loaded, session.cpu(), workload, shapes, np.random.default_rng(seed),
+                                                 self.repeats, self.min_repeat_ms, best)
