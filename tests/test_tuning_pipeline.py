@@ -119,6 +119,45 @@ def test_search_is_reproducible_and_resumes_from_the_database(tmp_path):
     assert resumed.measured == []  # everything was already in the database
 
 
+class LevelRunner(FormulaRunner):
+    """'Measures' synthetic_seconds at a level that changes from batch to batch (the VM's moments)."""
+
+    def __init__(self, levels):
+        super().__init__()
+        self.levels, self.calls, self.records = iter(levels), [], []
+
+    def run(self, workload, kernels, ms, seed=0, best=None):
+        level = next(self.levels, 1.0)
+        self.calls.append(list(kernels))
+        records = [dataclasses.replace(r, seconds=r.seconds * level) for r in super().run(workload, kernels, ms)]
+        self.records += records
+        return records
+
+
+def test_finalists_are_measured_again_together_and_replace_their_first_records(tmp_path):
+    """Once the budget is spent, each sample shape's fastest kernels (then the second fastest,
+    and so on) are measured again in one batch, and those records are the ones that count, in
+    the result and in the database; a resumed search measures nothing, finalists included."""
+    options = search.SearchOptions(trials=16, batch=4, population=32, samples=3, finalists=5, seed=7)
+    runner = LevelRunner([0.5, 1.3, 0.8, 1.1])  # four batches at their moments, then the finalists at 1.0
+    database = Database(tmp_path / "db.jsonl")
+    result = search.search(WORKLOAD, HW, runner, options, database, progress=False)
+    finalists = runner.calls[-1]
+    assert len(runner.calls) == 5 and len(finalists) == 5 == len(set(finalists))
+    first = runner.records[:-5 * len(result.sample_shapes)]
+    for shape in result.sample_shapes:
+        assert min((r for r in first if r.shape == shape), key=lambda r: r.seconds).kernel in finalists
+    kept = {(r.kernel, r.shape): r.seconds for r in result.measurements}
+    assert len(kept) == len(result.measurements) == 16 * len(result.sample_shapes)
+    for kernel in finalists:
+        for shape in result.sample_shapes:
+            assert kept[kernel, shape] == synthetic_seconds(kernel, shape, workload=WORKLOAD)
+    assert set(Database(tmp_path / "db.jsonl").measurements(WORKLOAD, HW.mcpu)) == set(result.measurements)
+    resumed = LevelRunner([])
+    search.search(WORKLOAD, HW, resumed, options, Database(tmp_path / "db.jsonl"), progress=False)
+    assert resumed.calls == []
+
+
 def test_first_batch_starts_from_similar_workloads_best_kernels(tmp_path):
     """A workload tuned after a similar one (same kind and layout, other N/K) measures
     that one's best kernels first; with no similar workload it starts from the spread."""

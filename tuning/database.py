@@ -12,7 +12,7 @@ import math
 import pathlib
 
 from tf_dietcode.tuning.cost_model import observed_gflops
-from tf_dietcode.tuning.measure import Measurement
+from tf_dietcode.tuning.measure import Measurement, latest
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.templates import TEMPLATES_VERSION
 from tf_dietcode.tuning.workload import Workload
@@ -50,9 +50,10 @@ class Database:
                     continue
 
     def measurements(self, workload: Workload, target: str, kernel_type: type = MicroKernel) -> list[Measurement]:
-        """This workload's records on this target by these templates."""
+        """This workload's records on this target by these templates, the latest of each (kernel, shape)."""
         key = workload.key()
-        return [measurement for record_key, measurement in self._usable(target, kernel_type) if record_key == key]
+        return latest([measurement for record_key, measurement in self._usable(target, kernel_type)
+                       if record_key == key])
 
     def best_kernels_elsewhere(self, workload: Workload, target: str, per_workload: int,
                                kernel_type: type = MicroKernel) -> list:
