@@ -18,7 +18,7 @@ from tf_dietcode import bundle_store, ops
 from tf_dietcode import keras as diet_keras
 from tf_dietcode.tuning import search
 
-QUICK = search.SearchOptions(trials=4, batch=4, samples=3, seed=SEED % 1000)
+QUICK = search.SearchOptions(trials=4, batch=4, samples=3, finalists=0, seed=SEED % 1000)
 
 
 def _model():
