@@ -120,11 +120,13 @@ def search(workload: Workload, hw, runner, options: SearchOptions = SearchOption
             measured.update(batch)
             model.fit(measurements)
             bar.update(len(batch))
-    if not resumed and options.finalists:
-        again = runner.run(workload, _finalists(measurements, shapes, options.finalists), shapes, seed=options.seed)
-        database.add(workload, hw.name, again)
-        measurements = latest(measurements + again)
-        model.fit(measurements)
+        if not resumed and options.finalists:
+            finalists = _finalists(measurements, shapes, options.finalists)
+            bar.set_postfix_str(f"timing {len(finalists)} finalists again")
+            again = runner.run(workload, finalists, shapes, seed=options.seed)
+            database.add(workload, hw.name, again)
+            measurements = latest(measurements + again)
+            model.fit(measurements)
     return SearchResult(workload, shapes, measurements, model)
 
 
