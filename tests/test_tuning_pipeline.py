@@ -158,6 +158,19 @@ def test_finalists_are_measured_again_together_and_replace_their_first_records(t
     assert resumed.calls == []
 
 
+def test_a_kernel_timed_again_counts_by_its_later_timing(tmp_path):
+    """The database keeps every record but answers with the latest of each (kernel, shape), both
+    for the workload's own search and for similar workloads' seeds."""
+    database = Database(tmp_path / "db.jsonl")
+    fast, slow = MicroKernel(2, 8, 32, 1, True), MicroKernel(4, 8, 32, 1, False)
+    database.add(WORKLOAD, HW.mcpu, [Measurement(fast, (9,), 1e-3), Measurement(slow, (9,), 2e-3)])
+    database.add(WORKLOAD, HW.mcpu, [Measurement(fast, (9,), 3e-3)])  # timed again beside its rival
+    reopened = Database(tmp_path / "db.jsonl")
+    assert {m.kernel: m.seconds for m in reopened.measurements(WORKLOAD, HW.mcpu)} == {fast: 3e-3, slow: 2e-3}
+    assert len(reopened.measurements(WORKLOAD, HW.mcpu)) == 2
+    assert reopened.best_kernels_elsewhere(Workload("dense", (1, 100), 96, 32), HW.mcpu, 1) == [slow]
+
+
 def test_first_batch_starts_from_similar_workloads_best_kernels(tmp_path):
     """A workload tuned after a similar one (same kind and layout, other N/K) measures
     that one's best kernels first; with no similar workload it starts from the spread."""

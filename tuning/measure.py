@@ -200,8 +200,8 @@ def measure_modules(modules: list[tuple[MicroKernel, object]], device, workload:
     samples = interleaved(time_once, [runs for *_, runs in timed])
     for position, ((index, shape, _, _), times) in enumerate(zip(timed, samples)):
         kernel, error = modules[index][0], failures.get(position)
-        records[index, shape] = (Measurement(kernel, shape, None, f"{type(error).__name__}: {error}") if error
-                                 else Measurement(kernel, shape, float(np.median(times))))
+        records[index, shape] = (Measurement(kernel, shape, None, f"{type(error).__name__}: {error}")
+                                 if error is not None else Measurement(kernel, shape, float(np.median(times))))
     return [records[index, tuple(shape)] for index in range(len(modules)) for shape in shapes]
 
 
