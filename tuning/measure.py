@@ -43,6 +43,11 @@ class Measurement:
     def from_json(cls, record: dict, kernel_type: type = MicroKernel) -> "Measurement":
         return cls(kernel_type(**record["kernel"]), tuple(record["shape"]), record["seconds"], record["error"])
 
+    @classmethod
+    def failed(cls, kernel, shape: tuple[int, ...], error: Exception) -> "Measurement":
+        """The record of a kernel that could not be built, run or timed at `shape`."""
+        return cls(kernel, tuple(shape), None, f"{type(error).__name__}: {error}")
+
 
 def latest(measurements: list[Measurement]) -> list[Measurement]:
     """One record per (kernel, shape), the last one: a kernel measured again (the search's
@@ -184,7 +189,7 @@ def measure_modules(modules: list[tuple[MicroKernel, object]], device, workload:
                 timer, runs = _timer(module, device, workload, repeats, min_repeat_ms, warm_up_seconds)
                 timed.append((index, shape, lambda t=timer, a=arguments: float(t(*a).mean), runs))
             except Exception as error:  # noqa: BLE001 - a failed candidate is data, not a crash
-                records[index, shape] = Measurement(kernel, shape, None, f"{type(error).__name__}: {error}")
+                records[index, shape] = Measurement.failed(kernel, shape, error)
 
     failures: dict[int, Exception] = {}
 
@@ -200,8 +205,8 @@ def measure_modules(modules: list[tuple[MicroKernel, object]], device, workload:
     samples = interleaved(time_once, [runs for *_, runs in timed])
     for position, ((index, shape, _, _), times) in enumerate(zip(timed, samples)):
         kernel, error = modules[index][0], failures.get(position)
-        records[index, shape] = (Measurement(kernel, shape, None, f"{type(error).__name__}: {error}")
-                                 if error is not None else Measurement(kernel, shape, float(np.median(times))))
+        records[index, shape] = (Measurement.failed(kernel, shape, error) if error is not None
+                                 else Measurement(kernel, shape, float(np.median(times))))
     return [records[index, tuple(shape)] for index in range(len(modules)) for shape in shapes]
 
 

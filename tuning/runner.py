@@ -154,7 +154,6 @@ class RPCRunner:
                     session.upload(library)
                     loaded.append((kernel, session.load_module(f"kernel{index}.so")))
                 except Exception as error:  # noqa: BLE001 - a failed candidate is data
-                    results.extend(Measurement(kernel, tuple(s), None, f"{type(error).__name__}: {error}")
-                                   for s in shapes)
+                    results.extend(Measurement.failed(kernel, s, error) for s in shapes)
         return results + measure.measure_modules(loaded, session.cpu(), workload, shapes, np.random.default_rng(seed),
                                                  self.repeats, self.min_repeat_ms, best)

@@ -34,7 +34,7 @@ def run_job(job: dict) -> None:
         try:
             compiled.append((index, kernel, measure.compile_kernel(workload, kernel, hw).mod))
         except Exception as error:  # noqa: BLE001 - a kernel that fails to build is a record
-            records += [measure.Measurement(kernel, shape, None, f"{type(error).__name__}: {error}") for shape in shapes]
+            records += [measure.Measurement.failed(kernel, shape, error) for shape in shapes]
     records += measure.measure_modules(
         [(kernel, module) for _, kernel, module in compiled], tvm.cpu(), workload, shapes,
         np.random.default_rng(job["seed"]), job["repeats"], job["min_repeat_ms"],
