@@ -33,8 +33,9 @@ import importlib
 # 26: batch matmul splits K only where a K block encloses several column blocks (blocks_the_reduction);
 # 27: partial columns written back with masked stores, a whole batch's last column task copied in blocks,
 # its row loop copied for whole row tiles too;
-# 28: write-backs reading a strided addend as vector stores, by versions of its stride (vector_write_backs)).
-TEMPLATES_VERSION = 28
+# 28: write-backs reading a strided addend as vector stores, by versions of its stride (vector_write_backs);
+# 29: a symbolic extent's last partial output tile runs as a whole tile ending at the bound (overlapping_tiles)).
+TEMPLATES_VERSION = 29
 
 import functools
 
