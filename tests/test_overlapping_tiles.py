@@ -45,6 +45,18 @@ def test_last_partial_tiles_run_as_whole_tiles_shifted_back(workload, kernel, st
     assert_computes_the_product(executable, workload, kernel, range(1, 41))
 
 
+def test_whole_tiles_read_their_rows_unclamped():
+    """Every tile of the new loop is whole, so x's rows need no clamp to M - 1 there."""
+    kernel = MicroKernel(3, 3 * LANES, 64, 1, False, whole_batch=True)
+    _, main = build_seen_after(PASS, NT, kernel)
+    loops = []
+    tvm_ffi.structural_walk(main.body, (tir_stmt.For, loops.append))
+    [row_tiles] = [loop for loop in loops if _tile_starts(loop.body) == ["M - T.int64(3)"]]
+    clamps = []
+    tvm_ffi.structural_walk(row_tiles.body, (tirx.Min, clamps.append))
+    assert len(clamps) == 1  # the tile's start, min(a * 3, M - 3)
+
+
 def test_static_builds_are_left_alone():
     """A static build's tiles have constant extents: LoopPartition leaves no pair to shift."""
     kernel = MicroKernel(4, 2 * LANES, 64, 1, False, whole_batch=True)
