@@ -1,9 +1,11 @@
-"""OverlapPartialTiles: a symbolic kernel's last, partial output tile runs as a whole tile
-shifted back to end at the bound (where the extent holds a whole tile), never a reduction's
-last block or a tile that reads what it writes; the kernels so built compute the product at
-every T, below, at and past each tile width."""
+"""OverlapPartialTiles: a symbolic kernel's last, partial column tile runs as a whole tile
+shifted back to end at the bound (where the extent holds a whole tile); a register tile's
+last rows stay as they are, its whole row tiles losing the clamps they never need; never a
+reduction's last block or a tile that reads what it writes. The kernels so built compute the
+product at every T, below, at and past each tile width."""
 
 import pytest
+import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
@@ -21,73 +23,85 @@ NN = Workload("batch_matmul", (1, 40), 64, (1, 40), b=3, transpose_b=False, ties
 DENSE = Workload("dense", (1, 40), 96, 64, bias=True, activation="relu", weight_layout="packed")
 
 
+def _nodes(body, kind) -> list:
+    found = []
+    tvm_ffi.structural_walk(body, (kind, found.append))
+    return found
+
+
 def _tile_starts(body) -> list[str]:
     """The last tile's start, E - W, for each loop over tiles that end at E (starting at
     min(a * W, E - W)), as text."""
-    found = []
-    tvm_ffi.structural_walk(body, (tir_stmt.Bind, found.append))
-    starts = [binding.value for binding in found if binding.var.name == "tile_start"]
+    starts = [binding.value for binding in _nodes(body, tir_stmt.Bind) if binding.var.name == "tile_start"]
     assert all(isinstance(start, tirx.Min) for start in starts)
     return sorted(str(start.b) for start in starts)
 
 
+def _clamped_row_reads(body) -> int:
+    """Reads of x whose index holds a min (a row clamped to M - 1)."""
+    return sum(1 for load in _nodes(body, tvm.ir.TensorLoad)
+               if load.source.name.startswith("x") and _nodes(load.indices[-1], tirx.Min))
+
+
 @pytest.mark.parametrize("workload, kernel, starts", [
-    # a whole batch per task: its column tasks, and each one's row tiles
-    (NT, MicroKernel(4, 2 * LANES, 64, 1, False, whole_batch=True), ["M - T.int64(4)", f"N - T.int64({2 * LANES})"]),
-    # column tasks in parallel: only the row tiles of a task
-    (NT, MicroKernel(3, LANES, 64, 2, True), ["M - T.int64(3)"]),
-    (NN, MicroKernel(5, 16, 16, 1, True), ["M - T.int64(5)"]),
-    (DENSE, MicroKernel(6, 16, 32, 1, False, packed=True, task_m=0), ["M - T.int64(6)"]),
+    # a whole batch per task: its column tasks end at N
+    (NT, MicroKernel(4, 2 * LANES, 64, 1, False, whole_batch=True), [f"N - T.int64({2 * LANES})"]),
+    # column tasks in parallel, and row tiles: none shifted (rows stay to SpecializeRemainderRows)
+    (NT, MicroKernel(3, LANES, 64, 2, True), []),
+    (NN, MicroKernel(5, 16, 16, 1, True), []),  # nor NN's last K block, which accumulates
+    (DENSE, MicroKernel(6, 16, 32, 1, False, packed=True, task_m=0), []),
 ], ids=lambda value: getattr(value, "name", None) if isinstance(value, MicroKernel) else None)
-def test_last_partial_tiles_run_as_whole_tiles_shifted_back(workload, kernel, starts):
+def test_partial_column_tasks_end_at_the_bound_and_whole_row_tiles_lose_their_clamps(workload, kernel, starts):
     executable, main = build_seen_after(PASS, workload, kernel)
-    assert _tile_starts(main.body) == starts  # never K: NN's last K block accumulates, it is left alone
+    assert _tile_starts(main.body) == starts
+    _, before = build_seen_after("tf_dietcode.ShrinkGuardedLoops", workload, kernel)
+    assert _clamped_row_reads(main.body) < _clamped_row_reads(before.body)
     assert_computes_the_product(executable, workload, kernel, range(1, 41))
 
 
-def test_whole_tiles_read_their_rows_unclamped():
-    """Every tile of the new loop is whole, so x's rows need no clamp to M - 1 there."""
-    kernel = MicroKernel(3, 3 * LANES, 64, 1, False, whole_batch=True)
-    _, main = build_seen_after(PASS, NT, kernel)
-    loops = []
-    tvm_ffi.structural_walk(main.body, (tir_stmt.For, loops.append))
-    [row_tiles] = [loop for loop in loops if _tile_starts(loop.body) == ["M - T.int64(3)"]]
-    clamps = []
-    tvm_ffi.structural_walk(row_tiles.body, (tirx.Min, clamps.append))
-    assert len(clamps) == 1  # the tile's start, min(a * 3, M - 3)
-
-
 def test_static_builds_are_left_alone():
-    """A static build's tiles have constant extents: LoopPartition leaves no pair to shift."""
+    """A static build's tiles have constant extents: LoopPartition leaves no pair to rewrite."""
     kernel = MicroKernel(4, 2 * LANES, 64, 1, False, whole_batch=True)
     _, main = build_seen_after(PASS, NT, kernel, NT.dims_at((37,)))
     assert _tile_starts(main.body) == []
 
 
-def _split_loops(accumulate: bool) -> tir_stmt.Stmt:
-    """out[i] = x[i] (or out[i] += x[i]) over E elements in tiles of 4: the whole tiles' loop and
-    the partial tile's, as LoopPartition and ShrinkGuardedLoops leave them, inside a batch loop."""
+def _split_loops(accumulate: bool = False, rows: bool = False) -> tir_stmt.Stmt:
+    """out[i] = x[min(i, E - 1)] (or out[i] += ...) over E elements in tiles of 4: the whole tiles'
+    loop and the partial tile's (for rows, a write-back of min(4, E - 4 * tiles) elements), as
+    LoopPartition and ShrinkGuardedLoops leave them, inside a batch loop."""
     extent = tirx.Var("E", "int64")
     out = tirx.decl_buffer((extent,), "float32", "out")
     x = tirx.decl_buffer((extent,), "float32", "x")
-    tile, column, rest = (tirx.Var(name, "int64") for name in ("tile", "column", "rest"))
-    start = tirx.Var("start", "int64")
+    tile, rest, start = (tirx.Var(name, "int64") for name in ("tile", "rest", "start"))
+    zero, four = tirx.const(0, "int64"), tirx.const(4, "int64")
 
-    def copy(first):
-        value = x[first + column] + (out[first + column] if accumulate else tirx.const(0, "float32"))
-        return tir_stmt.For(column, tirx.const(0, "int64"), tirx.const(4, "int64"), tir_stmt.ForKind.SERIAL,
-                            tir_stmt.BufferStore(out, value, [first + column]))
-    whole = tir_stmt.For(tile, tirx.const(0, "int64"), tirx.floordiv(extent, 4), tir_stmt.ForKind.SERIAL,
-                         tir_stmt.SeqStmt([tir_stmt.Bind(start, tile * 4), copy(start)]))
-    partial = tir_stmt.For(rest, tirx.const(0, "int64"), tirx.floordiv(tirx.floormod(extent, 4) + 3, 4),
-                           tir_stmt.ForKind.SERIAL, tir_stmt.Evaluate(tirx.const(0, "int32")))
+    def copy(first, count):
+        element = tirx.Var("element", "int64")
+        value = x[tirx.min(first + element, extent - 1)]
+        value = value + out[first + element] if accumulate else value
+        return tir_stmt.For(element, zero, count, tir_stmt.ForKind.SERIAL,
+                            tir_stmt.BufferStore(out, value, [first + element]))
+    whole = tir_stmt.For(tile, zero, tirx.floordiv(extent, 4), tir_stmt.ForKind.SERIAL,
+                         tir_stmt.SeqStmt([tir_stmt.Bind(start, tile * 4), copy(start, four)]))
+    last = tirx.floordiv(extent, 4) * 4
+    partial = tir_stmt.For(rest, zero, tirx.floordiv(tirx.floormod(extent, 4) + 3, 4), tir_stmt.ForKind.SERIAL,
+                           copy(last, tirx.min(four, extent - last)) if rows
+                           else tir_stmt.Evaluate(tirx.const(0, "int32")))
     batch = tirx.Var("batch", "int64")
-    return tir_stmt.For(batch, tirx.const(0, "int64"), tirx.const(2, "int64"), tir_stmt.ForKind.SERIAL,
-                        tir_stmt.SeqStmt([whole, partial]))
+    return tir_stmt.For(batch, zero, tirx.const(2, "int64"), tir_stmt.ForKind.SERIAL, tir_stmt.SeqStmt([whole, partial]))
 
 
 @pytest.mark.parametrize("accumulate, shifted", [(False, True), (True, False)], ids=["writes", "accumulates"])
 def test_only_tiles_that_write_their_output_without_reading_it_are_shifted(accumulate, shifted):
     """A tile that reads what it writes would add twice where two tiles overlap."""
-    shifted_loops = overlap_partial_tiles(_split_loops(accumulate))
-    assert (_tile_starts(shifted_loops) == ["E - T.int64(4)"]) == shifted
+    rewritten = overlap_partial_tiles(_split_loops(accumulate=accumulate))
+    assert (_tile_starts(rewritten) == ["E - T.int64(4)"]) == shifted
+
+
+def test_a_row_remainder_stays_and_its_whole_tiles_lose_their_clamps():
+    rewritten = overlap_partial_tiles(_split_loops(rows=True))
+    assert _tile_starts(rewritten) == []
+    whole, partial = rewritten.body.seq
+    assert not _nodes(whole, tirx.Min)  # x[min(4 * tile + element, E - 1)]: 4 * tile + element < E there
+    assert len(_nodes(partial, tirx.Min)) == 2  # its clamp and its row count

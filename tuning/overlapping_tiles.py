@@ -1,6 +1,7 @@
-"""A TIR pass that runs a symbolic kernel's last, partial output tile as a whole
-tile shifted back to end at the bound. LoopPartition and ShrinkGuardedLoops
-split a loop over output tiles into
+"""A TIR pass that runs a symbolic kernel's last, partial column tile as a whole
+tile shifted back to end at the bound, and drops the row clamps that whole
+tiles provably never need. LoopPartition and ShrinkGuardedLoops split a loop
+over output tiles into
 
     for a in range(E // W): <whole tile at a * W>
     for b in range((E % W + W - 1) // W): <partial tile: bound checks, masks>
@@ -13,12 +14,22 @@ and the pass makes that
         <partial tile, as before>
 
 The last tile then overlaps the one before it and writes the same values there
-again (an output element is computed the same way whichever tile holds it). It
-computes as many elements as the padded partial tile did, with none of its
-zero fill, clamped copy, masked stores or copies per row count
-(SpecializeRemainderRows); those stay for extents below one tile. One loop,
-not a shifted copy of the tile: the copy ran as fast and took a third longer
-to compile (batch matmul NT with a whole batch per task, both tiles shifted).
+again (an output element is computed the same way whichever tile holds it),
+with none of the partial tile's zero fill, clamped copy and masked stores;
+those stay for extents below one tile. One loop, not a shifted copy of the
+tile: the copy ran as fast and took a third longer to compile.
+
+A partial tile that is a register tile's last rows (its write-back runs
+`min(C, E)` rows) is left to SpecializeRemainderRows: in its copy per row
+count LLVM drops the accumulators of the rows past M, as a static build does,
+where a shifted tile would compute up to C - 1 rows again. Dense batch 1 at
+M = 5 (tiles of 4 rows) ran 1.32x its static build with shifted row tiles,
+1.02x without. There the pass only drops the clamps.
+
+The clamps: inside a loop of whole tiles, `min(c + i, M - 1)` on x's rows
+(templates.read_in_place_clamped) is provably `c + i`, and every such `min`
+goes. LLVM then computes a tile's row addresses once, not a compare, a
+select and a multiply per row at each tile.
 
 Why: NT `m6_n16_k64_t1_ki_b` (one batch per task, its column tasks in turn)
 ran 1.07-1.24x its static build at T = 17-119 on a Zen 3 VM (1.0-1.04 where
@@ -26,7 +37,8 @@ ran 1.07-1.24x its static build at T = 17-119 on a Zen 3 VM (1.0-1.04 where
 the static build 0.88x, as its 21 tiles against 24 predict: the partial column
 task cost more than a whole one (masked stores whose accumulator halves LLVM
 moved through general registers as `<2 x i256>`, a clamped transposing copy,
-each row tile dispatched by its row count).
+each row tile dispatched by its row count). docs/decisions.md, session 49,
+has the measurements.
 
 Only output tiles: the loop variable must index a store to memory the kernel
 did not allocate (a parameter's), and the loop must not read that memory, so
@@ -42,6 +54,7 @@ from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
 from tf_dietcode.tuning.guarded_loops import always, in_scope, rebuild_loops, sequence, statements, uses, with_body
+from tf_dietcode.tuning.remainder_rows import row_count
 
 
 def _is(operand, var: tirx.Var) -> bool:
@@ -116,8 +129,9 @@ def _writes_an_output_tile(loop: tir_stmt.For, memory: _Memory) -> bool:
 
 
 def _overlapping(whole: tir_stmt.For, partial: tir_stmt.For, enclosing: tuple, memory: _Memory) -> tir_stmt.Stmt | None:
-    """The two loops as one over tiles that end at the bound (the module docstring), if they split
-    an extent E into whole tiles of W and a partial one; else None."""
+    """If the two loops split an extent E into whole tiles of W and a partial one: the two as one
+    loop over tiles that end at the bound, or for a register tile's last rows the whole tiles
+    without their clamps and the partial tile as it was (the module docstring); else None."""
     if not all(loop.kind == tir_stmt.ForKind.SERIAL and isinstance(loop.min, tirx.IntImm) and int(loop.min) == 0
                for loop in (whole, partial)):
         return None
@@ -129,6 +143,8 @@ def _overlapping(whole: tir_stmt.For, partial: tir_stmt.For, enclosing: tuple, m
     remainder = tirx.floordiv(tirx.floormod(bound, width) + (width - 1), width)
     if not (scope.can_prove_equal(partial.extent, remainder) and _writes_an_output_tile(whole, memory)):
         return None
+    if row_count(statements(partial.body)[-1]) is not None:  # a register tile's last rows: kept (docstring)
+        return tir_stmt.SeqStmt([with_body(whole, _without_proven_clamps(whole.body, (*enclosing, whole))), partial])
     var = whole.loop_var
     start = tirx.Var("tile_start", var.ty.dtype)
     body = _at_tile_start(whole.body, var, width, start)
@@ -142,11 +158,10 @@ def _overlapping(whole: tir_stmt.For, partial: tir_stmt.For, enclosing: tuple, m
 
 def _without_proven_clamps(body: tir_stmt.Stmt, enclosing: tuple) -> tir_stmt.Stmt:
     """The body with each `min(x, y)` that its loops and bindings prove equal to x (or y) replaced
-    by it. Every tile of the loop is whole, so the clamps of rows past the bound to the last row
-    (`min(c + i, M - 1)`, templates.read_in_place_clamped) go: LLVM then computes a tile's row
-    addresses once per tile, not a compare, a select and a multiply per row. With the clamps
-    kept, NT `m3_n24_k64_t1_ki_b` and `m6_n8_k64_t1_ki_b` ran 1.06-1.18x their static builds at
-    T = 81-119; without them 0.98-1.03, but for one cell of 1.11 (Zen 3, interleaved)."""
+    by it: in a loop of whole tiles, the clamps of rows to the last row (the module docstring).
+    With the clamps kept, NT `m3_n24_k64_t1_ki_b` and `m6_n8_k64_t1_ki_b` ran 1.06-1.18x their
+    static builds at T = 81-119; without them 0.98-1.03, but for one cell of 1.11 (Zen 3,
+    interleaved)."""
     inner = []
     tvm_ffi.structural_walk(body, ((tir_stmt.For, tir_stmt.Bind), inner.append))
     scope = in_scope((*enclosing, *inner))  # variables are bound once (fresh_vars), so facts hold wherever they are read
@@ -173,7 +188,7 @@ def overlap_partial_tiles(stmt: tir_stmt.Stmt) -> tir_stmt.Stmt:
             if merged is None:
                 rewritten.append(statement)
             else:
-                rewritten[-1] = merged
+                rewritten[-1:] = statements(merged)
         return with_body(loop, sequence(rewritten))
     return rebuild_loops(stmt, rewrite)
 

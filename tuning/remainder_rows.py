@@ -27,7 +27,7 @@ from tf_dietcode.tuning.guarded_loops import (always, fresh_vars, in_scope, rebu
 from tf_dietcode.tuning.micro_kernel import MAX_TILE_ROWS
 
 
-def _row_count(write_back: tir_stmt.Stmt):
+def row_count(write_back: tir_stmt.Stmt):
     """(C, the count) for a loop over `min(C, E)` rows with 2 <= C <= MAX_TILE_ROWS (a larger count
     is not a register tile's write-back), else None."""
     if not isinstance(write_back, tir_stmt.For) or not isinstance(write_back.extent, tirx.Min):
@@ -43,7 +43,7 @@ def _one_copy_per_count(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.For:
     in a write-back of `min(C, E)` rows: counts 1 to C - 1 in a remainder (the count provably below
     C), 1 to C in a loop that also runs whole tiles (a partial column task's rows)."""
     body = statements(loop.body)
-    found = _row_count(body[-1])
+    found = row_count(body[-1])
     bindings = [i for i, statement in enumerate(body) if isinstance(statement, tir_stmt.Bind)]
     if found is None or not bindings:
         return loop
