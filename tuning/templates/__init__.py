@@ -34,7 +34,8 @@ import importlib
 # 27: partial columns written back with masked stores, a whole batch's last column task copied in blocks,
 # its row loop copied for whole row tiles too;
 # 28: write-backs reading a strided addend as vector stores, by versions of its stride (vector_write_backs);
-# 29: a symbolic extent's last partial output tile runs as a whole tile ending at the bound (overlapping_tiles)).
+# 29: a symbolic N's last partial column task runs as a whole one ending at N, and whole row tiles read x's rows
+# unclamped (overlapping_tiles)).
 TEMPLATES_VERSION = 29
 
 import functools
