@@ -3,10 +3,18 @@ checked against the reference: for the tests of those passes."""
 
 import numpy as np
 import tvm
+import tvm_ffi
 
 from tf_dietcode.tuning import hardware, measure, templates
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
+
+
+def nodes(body, kind) -> list:
+    """Every node of the given kind(s) in body, in walk order."""
+    found = []
+    tvm_ffi.structural_walk(body, (kind, found.append))
+    return found
 
 
 def compile_seen_after(pass_name: str, function: tvm.tirx.PrimFunc, target: tvm.target.Target):

@@ -6,11 +6,10 @@ product at every T, below, at and past each tile width."""
 
 import pytest
 import tvm
-import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from lowered_kernels import assert_computes_the_product, build_seen_after
+from lowered_kernels import assert_computes_the_product, build_seen_after, nodes
 from tf_dietcode.tuning import hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.overlapping_tiles import overlap_partial_tiles
@@ -23,24 +22,18 @@ NN = Workload("batch_matmul", (1, 40), 64, (1, 40), b=3, transpose_b=False, ties
 DENSE = Workload("dense", (1, 40), 96, 64, bias=True, activation="relu", weight_layout="packed")
 
 
-def _nodes(body, kind) -> list:
-    found = []
-    tvm_ffi.structural_walk(body, (kind, found.append))
-    return found
-
-
 def _tile_starts(body) -> list[str]:
     """The last tile's start, E - W, for each loop over tiles that end at E (starting at
     min(a * W, E - W)), as text."""
-    starts = [binding.value for binding in _nodes(body, tir_stmt.Bind) if binding.var.name == "tile_start"]
+    starts = [binding.value for binding in nodes(body, tir_stmt.Bind) if binding.var.name == "tile_start"]
     assert all(isinstance(start, tirx.Min) for start in starts)
     return sorted(str(start.b) for start in starts)
 
 
 def _clamped_row_reads(body) -> int:
     """Reads of x whose index holds a min (a row clamped to M - 1)."""
-    return sum(1 for load in _nodes(body, tvm.ir.TensorLoad)
-               if load.source.name.startswith("x") and _nodes(load.indices[-1], tirx.Min))
+    return sum(1 for load in nodes(body, tvm.ir.TensorLoad)
+               if load.source.name.startswith("x") and nodes(load.indices[-1], tirx.Min))
 
 
 @pytest.mark.parametrize("workload, kernel, starts", [
@@ -103,5 +96,5 @@ def test_a_row_remainder_stays_and_its_whole_tiles_lose_their_clamps():
     rewritten = overlap_partial_tiles(_split_loops(rows=True))
     assert _tile_starts(rewritten) == []
     whole, partial = rewritten.body.seq
-    assert not _nodes(whole, tirx.Min)  # x[min(4 * tile + element, E - 1)]: 4 * tile + element < E there
-    assert len(_nodes(partial, tirx.Min)) == 2  # its clamp and its row count
+    assert not nodes(whole, tirx.Min)  # x[min(4 * tile + element, E - 1)]: 4 * tile + element < E there
+    assert len(nodes(partial, tirx.Min)) == 2  # its clamp and its row count

@@ -3,11 +3,10 @@ row count (and a row loop that also runs whole tiles, one for those), each writi
 constant number of rows, and the kernels so built compute the product at every remainder."""
 
 import pytest
-import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from lowered_kernels import assert_computes_the_product, build_seen_after
+from lowered_kernels import assert_computes_the_product, build_seen_after, nodes
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
 
@@ -16,16 +15,10 @@ NT = Workload("batch_matmul", (1, 40), (1, 40), 64, b=3, ties=("m", "n"))
 NN = Workload("batch_matmul", (1, 40), 64, (1, 40), b=3, transpose_b=False, ties=("m", "k"))
 
 
-def _nodes(body, kind) -> list:
-    found = []
-    tvm_ffi.structural_walk(body, (kind, found.append))
-    return found
-
-
 def _row_count_branches(body, rows: int) -> list[int]:
     """The fixed counts of the branches `min(rows, E) == count`, sorted."""
     counts = []
-    for branch in _nodes(body, tir_stmt.IfThenElse):
+    for branch in nodes(body, tir_stmt.IfThenElse):
         condition = branch.condition
         if (isinstance(condition, tirx.EQ) and isinstance(condition.a, tirx.Min)
                 and isinstance(condition.b, tirx.IntImm)
@@ -39,12 +32,12 @@ def test_the_dense_remainder_is_copied_once_per_row_count():
     executable, main = build_seen_after("tf_dietcode.SpecializeRemainderRows", DENSE, kernel)
     assert _row_count_branches(main.body, kernel.tile_m) == [1, 2, 3, 4, 5]
     # each copy writes back a constant number of rows; the general write-back stays for the rest
-    extents = [loop.extent for loop in _nodes(main.body, tir_stmt.For)]
+    extents = [loop.extent for loop in nodes(main.body, tir_stmt.For)]
     for rows in range(1, kernel.tile_m):
         assert any(isinstance(e, tirx.IntImm) and int(e) == rows for e in extents), rows
     assert any(isinstance(e, tirx.Min) for e in extents)
     # every loop variable is defined once (the copies' renamed): LLVM's code generation requires it
-    loop_vars = [loop.loop_var for loop in _nodes(main.body, tir_stmt.For)]
+    loop_vars = [loop.loop_var for loop in nodes(main.body, tir_stmt.For)]
     assert not any(a.same_as(b) for i, a in enumerate(loop_vars) for b in loop_vars[i + 1:])
     assert_computes_the_product(executable, DENSE, kernel, range(1, 41))
 

@@ -9,7 +9,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from lowered_kernels import assert_computes_the_product, build_seen_after
+from lowered_kernels import assert_computes_the_product, build_seen_after, nodes
 from tf_dietcode.tuning import hardware, micro_kernel
 from tf_dietcode.tuning.guarded_loops import statements, whole_vectors_up_to_a_bound
 from tf_dietcode.tuning.micro_kernel import MicroKernel
@@ -22,22 +22,16 @@ _MASKED_STORE = tvm.ir.Op.get("tirx.masked_store")
 _MASKED_LOAD = tvm.ir.Op.get("tirx.masked_load")
 
 
-def _nodes(body, kind) -> list:
-    found = []
-    tvm_ffi.structural_walk(body, (kind, found.append))
-    return found
-
-
 def _calls(body) -> list:
-    return _nodes(body, tvm.ir.Call)
+    return nodes(body, tvm.ir.Call)
 
 
 def _loads(value) -> list:
-    return _nodes(value, tvm.ir.TensorLoad)
+    return nodes(value, tvm.ir.TensorLoad)
 
 
 def _masked_stores_and_partial_loops(body) -> tuple[list, list]:
-    partial = [loop for loop in _nodes(body, tir_stmt.For) if whole_vectors_up_to_a_bound(loop.extent, LANES)
+    partial = [loop for loop in nodes(body, tir_stmt.For) if whole_vectors_up_to_a_bound(loop.extent, LANES)
                and any(isinstance(s, tir_stmt.BufferStore) and s.buffer.name.startswith("out")
                        for s in statements(loop.body))]
     return [call for call in _calls(body) if call.op.same_as(_MASKED_STORE)], partial
@@ -69,11 +63,11 @@ def test_an_addend_of_symbolic_column_stride_is_read_by_version():
     assert any(not isinstance(load.indices[-1], tirx.Ramp) for load in loads)  # the gathers
     masked_loads = [call for call in _calls(main.body) if call.op.same_as(_MASKED_LOAD)]
     assert masked_loads  # the unit stride's partial columns
-    scalar_stores = [store for store in _nodes(main.body, tir_stmt.BufferStore) if store.buffer.name.startswith("out")
+    scalar_stores = [store for store in nodes(main.body, tir_stmt.BufferStore) if store.buffer.name.startswith("out")
                      and tvm.DataType(str(store.value.ty.dtype)).lanes == 1]
     assert not scalar_stores
-    rolled_rows = [loop for loop in _nodes(main.body, tir_stmt.For) if isinstance(loop.extent, tirx.IntImm)
-                   and not _nodes(loop, tir_stmt.BufferStore)
+    rolled_rows = [loop for loop in nodes(main.body, tir_stmt.For) if isinstance(loop.extent, tirx.IntImm)
+                   and not nodes(loop, tir_stmt.BufferStore)
                    and any(call.op.same_as(_MASKED_STORE) for call in _calls(loop))]
     assert not rolled_rows
     assert_computes_the_product(executable, NT_MASKED, kernel, range(1, 41))
