@@ -1,7 +1,13 @@
 """Shared test helpers: seeded fresh inputs and a float64 TF reference check."""
 
+import atexit
+import contextlib
+import fcntl
 import os
+import pathlib
 import random
+import shutil
+import tempfile
 import zlib
 
 import numpy as np
@@ -15,11 +21,48 @@ from tf_dietcode.reference import ACTIVATIONS
 SEED = int(os.environ.setdefault("TF_DIETCODE_TEST_SEED", str(random.SystemRandom().randrange(2**31))))
 
 
+
+def _shared_tuning_database() -> pathlib.Path:
+    """One tuning database per test run, in the environment so that pytest-xdist's workers and
+    the pytest runs tests start (the Bazel-built library's op tests) share it; CI exports one
+    for `make test` and `make sanitize` together. A workload measured once is then resumed
+    (search.search: no new measurements), not tuned again: a quick-tuned bundle costs each
+    process its compile only. Tests of the search itself keep their own databases."""
+    if "TF_DIETCODE_TEST_TUNING_DATABASE" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="tf_dietcode-tests-")
+        atexit.register(shutil.rmtree, folder, True)  # this process started first and ends last
+        os.environ["TF_DIETCODE_TEST_TUNING_DATABASE"] = os.path.join(folder, "tuning.jsonl")
+    return pathlib.Path(os.environ["TF_DIETCODE_TEST_TUNING_DATABASE"])
+
+
+TUNING_DATABASE = _shared_tuning_database()
+
+
+def shared_database():
+    """The run's shared tuning database (above), for optimize() and tune() calls whose tests
+    are not about the search. Processes may append to it at once: each batch of records is
+    one short append, and a line cut short would be skipped when read."""
+    from tf_dietcode.tuning.database import Database
+
+    return Database(TUNING_DATABASE)
+
+
+@contextlib.contextmanager
+def tuning_alone():
+    """Holds the shared database's lock: a process about to tune what another is tuning waits
+    for it, then resumes its records instead of measuring the same kernels again."""
+    TUNING_DATABASE.parent.mkdir(parents=True, exist_ok=True)
+    with open(TUNING_DATABASE.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def pytest_report_header(config):
     from tf_dietcode.op_library import LIBRARY_PATH
 
     return [f"tf_dietcode test seed: {SEED} (set TF_DIETCODE_TEST_SEED to repeat)",
-            f"tf_dietcode op library: {LIBRARY_PATH}"]
+            f"tf_dietcode op library: {LIBRARY_PATH}",
+            f"tf_dietcode tuning database: {TUNING_DATABASE} (shared by this run's quick tunings)"]
 
 
 @pytest.fixture
@@ -106,8 +149,9 @@ def tuned_bundle(tmp_path_factory):
                  Workload("dense", (1, 40), 48, 24, activation="gelu", weight_layout="in_place"),
                  Workload("dense", (1, 40), 48, 24, bias=True, activation="relu", weight_layout="packed", groups=3)]
     path = tmp_path_factory.mktemp("tuned") / "bundle"
-    report = tune(workloads, path, options=search.SearchOptions(trials=4, batch=4, samples=3, seed=SEED % 1000),
-                  progress=False)
+    with tuning_alone():
+        report = tune(workloads, path, options=search.SearchOptions(trials=4, batch=4, samples=3, seed=SEED % 1000),
+                      database=shared_database(), progress=False)
     return path, report
 
 
@@ -155,5 +199,6 @@ def optimized_encoder(tmp_path_factory):
     root = tmp_path_factory.mktemp("optimize")
     encoder_block().export(str(root / "original"), verbose=False)
     report = tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=ENCODER_RANGES,
-                                  tuning=search.SearchOptions(**TINY_TUNING_OPTIONS), horizontal_fusion=True)
+                                  tuning=search.SearchOptions(**TINY_TUNING_OPTIONS), horizontal_fusion=True,
+                                  database=shared_database())
     return root, report

@@ -12,7 +12,7 @@ import tf_dietcode
 from tf_dietcode.tuning import search
 
 import tuned_calls
-from conftest import TINY_TUNING_OPTIONS
+from conftest import TINY_TUNING_OPTIONS, shared_database
 
 
 def shared_input_model():
@@ -39,7 +39,8 @@ def models(tmp_path_factory):
     tuning = search.SearchOptions(**TINY_TUNING_OPTIONS)
     # the model without the pass is optimize()'s default: horizontal fusion is off unless asked for
     reports = {fuse: tf_dietcode.optimize(root / "original", root / f"fused_{fuse}", **switch,
-                                          shape_ranges={"x": [(1, 2), (1, 9), 16]}, tuning=tuning)
+                                          shape_ranges={"x": [(1, 2), (1, 9), 16]}, tuning=tuning,
+                                          database=shared_database())
                for fuse, switch in ((True, {"horizontal_fusion": True}), (False, {}))}
     return root, reports
 

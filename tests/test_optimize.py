@@ -19,7 +19,7 @@ from tf_dietcode.tuning import hardware, search
 from tf_dietcode.tuning.workload import DimRange
 
 import tuned_calls
-from conftest import ENCODER_RANGES, TINY_TUNING_OPTIONS, save_dense_model
+from conftest import ENCODER_RANGES, TINY_TUNING_OPTIONS, save_dense_model, shared_database
 
 TINY_TUNING = search.SearchOptions(**TINY_TUNING_OPTIONS)
 # Four dynamic dims: with 3 samples each a kernel is timed at 81 shapes (about 55 s a test); the
@@ -114,7 +114,7 @@ def test_bad_arguments_fail_clearly_and_write_nothing(optimized_encoder, tmp_pat
     root, _ = optimized_encoder
     before = sorted(p.name for p in (root / "original").rglob("*"))
     with pytest.raises(error, match=match):
-        tf_dietcode.optimize(root / "original", tmp_path / "out", tuning=TINY_TUNING, **arguments)
+        tf_dietcode.optimize(root / "original", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(), **arguments)
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
     assert sorted(p.name for p in (root / "original").rglob("*")) == before
 
@@ -126,7 +126,7 @@ def test_not_a_saved_model_and_existing_output(optimized_encoder, tmp_path, monk
     with pytest.raises(ValueError, match="not a SavedModel"):
         tf_dietcode.optimize(tmp_path, tmp_path / "out")
     with pytest.raises(FileExistsError, match="overwrite=True"):
-        tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=ENCODER_RANGES, tuning=TINY_TUNING)
+        tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=ENCODER_RANGES, tuning=TINY_TUNING, database=shared_database())
 
 
 def _operand_scaled(equation, a, b):
@@ -152,7 +152,7 @@ def test_einsum_products_of_computed_operands(tmp_path, rng, equation, lhs, rhs,
 
     model = Model()
     tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
-    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=ENDS_TUNING,
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=ENDS_TUNING, database=shared_database(),
                                   shape_ranges={"a": [(1, 8)] * len(lhs), "b": [(1, 8)] * len(rhs)})
     assert report.fused["attention (einsum)"] == 1 and [w.kind for w in report.workloads] == ["batch_matmul"]
     a, b = rng.uniform(-1, 1, lhs).astype(np.float32), rng.uniform(-1, 1, rhs).astype(np.float32)
@@ -173,7 +173,7 @@ def test_n_d_dense_layers_become_one_op_each(tmp_path, rng):
     outputs = keras.layers.EinsumDense("abcd,cde->abe", (None, 16), bias_axes="e")(heads)
     model = keras.Model(inputs, outputs)
     model.export(str(tmp_path / "in"), verbose=False)
-    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING,
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
                                   shape_ranges={"x": [(1, 2), (1, 9), 16]})
     assert dict(report.fused) == {"tensordot": 2, "einsum": 4}  # per signature (serve, serving_default)
     optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
@@ -195,7 +195,7 @@ def test_n_d_dense_layers_become_one_op_each(tmp_path, rng):
 ])
 def test_activations_in_the_forms_tf_emits(tmp_path, rng, activation, expected):
     model = save_dense_model(tmp_path / "in", rng, activation)
-    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, shape_ranges={"x": [(1, 9), 16]})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(), shape_ranges={"x": [(1, 9), 16]})
     assert [w.activation for w in report.workloads] == [expected]
     x = rng.uniform(-3, 3, (7, 16)).astype(np.float32)
     optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
@@ -207,7 +207,7 @@ def test_weights_beyond_the_last_level_cache_are_tuned_cold(tmp_path, rng, monke
     from DRAM: the dense workloads are tuned so, and the report says why."""
     monkeypatch.setattr(hardware, "detect", lambda cache=dataclasses.replace(hardware.detect(), l3_bytes=1024): cache)
     model = save_dense_model(tmp_path / "in", rng)
-    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, shape_ranges={"x": [(1, 9), 16]})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(), shape_ranges={"x": [(1, 9), 16]})
     assert [w.cold_weight for w in report.workloads] == [True]
     assert "last-level cache: kernels are timed with their weights read from DRAM" in report.summary()
     x = rng.uniform(-3, 3, (7, 16)).astype(np.float32)
@@ -232,7 +232,7 @@ def test_batch_matmul_attention_forms(tmp_path, rng, name, attention):
 
     model = Model()
     tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
-    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING,
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
                                   shape_ranges={"q": [2, 3, (1, 9), 8], "k": [2, 3, (1, 9), 8], "mask": [2, 1, 1, (1, 9)]})
     assert report.fused["attention (BatchMatMulV2)"] == 1, name
     q, k = rng.uniform(-1, 1, (2, 3, 6, 8)).astype(np.float32), rng.uniform(-1, 1, (2, 3, 6, 8)).astype(np.float32)
@@ -258,7 +258,7 @@ def test_signatures_of_one_computation_are_sized_and_rewritten_once(tmp_path, rn
     monkeypatch.setattr(shape_ranges, "corner_shapes", lambda *a: corner_runs.append(a) or corner_shapes(*a))
     monkeypatch.setattr(symbolic_shapes.SymbolicShapes, "range_of", lambda *a: None)
     converter = tf_dietcode.Converter(tmp_path / "in", shape_ranges={"x": [(1, 9), 16]},
-                                      tuning=TINY_TUNING).build()
+                                      tuning=TINY_TUNING, database=shared_database()).build()
     assert sorted(g.key for g in converter.graphs) == ["serve", "serving_default"] and len(corner_runs) == 1
     assert len(converter.report.workloads) == 1
     rewrites = []

@@ -13,7 +13,7 @@ from tf_dietcode.graph_rewrite.graph_index import GraphIndex
 from tf_dietcode.graph_rewrite.symbolic_shapes import SymbolicShapes
 from tf_dietcode.tuning import search
 
-from conftest import TINY_TUNING_OPTIONS
+from conftest import TINY_TUNING_OPTIONS, shared_database
 
 
 def saved_signature(path, function, specs):
@@ -75,6 +75,7 @@ def test_cross_attention_lengths_are_separate_shape_variables(tmp_path, rng):
     module.serve = tf.function(serve, input_signature=specs)
     tf.saved_model.save(module, str(tmp_path / "in"), signatures={"serving_default": module.serve})
     report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=search.SearchOptions(**TINY_TUNING_OPTIONS),
+                                  database=shared_database(),
                                   shape_ranges={"q": [2, 3, (1, 9), 8], "k": [2, 3, (1, 9), 8]})
     [workload] = report.workloads
     assert workload.ties == () and (workload.m.lo, workload.m.hi, workload.n.lo, workload.n.hi) == (1, 9, 1, 9)
@@ -94,6 +95,7 @@ def test_a_layer_the_graph_cannot_size_is_sized_by_running_the_model(tmp_path, r
     module.serve = tf.function(serve, input_signature=[tf.TensorSpec([None, 16], name="x")])
     tf.saved_model.save(module, str(tmp_path / "in"), signatures={"serving_default": module.serve})
     report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=search.SearchOptions(**TINY_TUNING_OPTIONS),
+                                  database=shared_database(),
                                   shape_ranges={"x": [(1, 5), 16]})
     [workload] = report.workloads
     assert (workload.m.lo, workload.m.hi) == (2, 10) and workload not in report.dims

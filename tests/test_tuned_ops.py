@@ -194,14 +194,15 @@ def test_workspace_larger_than_the_arena_start_stays_right(tmp_path, rng):
     256 KiB. An NN product with K up to 20000 fetches [K, columns] panels of 640 KiB or
     more: the first such call gets them from TVM's pool, later ones from the grown
     arenas (the caller's and the pool threads'), between calls at small K. All right."""
-    from conftest import SEED, TINY_TUNING_OPTIONS
+    from conftest import SEED, TINY_TUNING_OPTIONS, shared_database
     from tf_dietcode.tuning import search
     from tf_dietcode.tuning.tune import tune
     from tf_dietcode.tuning.workload import Workload
 
     path = tmp_path / "bundle"
     tune([Workload("batch_matmul", (1, 4), 16, (1, 20000), b=2, transpose_b=False)], path,
-         options=search.SearchOptions(**TINY_TUNING_OPTIONS, seed=SEED % 1000), progress=False)
+         options=search.SearchOptions(**TINY_TUNING_OPTIONS, seed=SEED % 1000), database=shared_database(),
+         progress=False)
     for k in (20000, 17, 9000, 20000, 1):
         x, y = random_tensor(rng, (2, 3, k)), random_tensor(rng, (2, k, 16))
         out, used = kernel_used(path, lambda: ops.fused_batch_matmul_transpose(
@@ -217,14 +218,15 @@ def test_calls_use_the_pool_by_their_size_and_the_recent_calls(tmp_path, rng):
     call decides the last two (a mode switch costs a wake-up), so a mid-size
     call right after a large one stays on the pool. Every call gives the
     reference."""
-    from conftest import SEED, TINY_TUNING_OPTIONS
+    from conftest import SEED, TINY_TUNING_OPTIONS, shared_database
     from tf_dietcode.tuning import search
     from tf_dietcode.tuning.tune import tune
     from tf_dietcode.tuning.workload import Workload
 
     path = tmp_path / "bundle"
     report = tune([Workload("dense", (1, 2048), 256, 256, bias=True)], path,
-                  options=search.SearchOptions(**TINY_TUNING_OPTIONS, seed=SEED % 1000), progress=False)
+                  options=search.SearchOptions(**TINY_TUNING_OPTIONS, seed=SEED % 1000), database=shared_database(),
+                  progress=False)
     w, b = random_tensor(rng, (256, 256)), random_tensor(rng, (256,))
     weight, packed_n = weight_operand(report, w)
     uses = ("calling_thread_calls", "launcher_joined_calls", "pool_calls")

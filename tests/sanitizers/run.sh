@@ -5,6 +5,7 @@
 # TF_DIETCODE_OP_LIBRARY makes tf_dietcode load it. Python and TensorFlow are
 # not instrumented: the runtimes are preloaded, and leak checks are off (both
 # keep memory to exit by design). The first report of either ends the run.
+# Test files spread over the cores as in `make test`.
 #   tests/sanitizers/run.sh [pytest arguments]   (default: the op tests)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,4 +31,4 @@ ASAN_OPTIONS=detect_leaks=0 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 TF_DIETCODE_OP_LIBRARY=$PWD/$LIBRARY \
 TF_CPP_MIN_LOG_LEVEL=2 \
-  exec "$PY" -m pytest -q -p no:cacheprovider --capture=sys "$@"
+  exec "$PY" -m pytest -q -p no:cacheprovider --capture=sys -n auto --maxprocesses 4 --dist loadfile "$@"
