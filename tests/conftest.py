@@ -21,7 +21,6 @@ from tf_dietcode.reference import ACTIVATIONS
 SEED = int(os.environ.setdefault("TF_DIETCODE_TEST_SEED", str(random.SystemRandom().randrange(2**31))))
 
 
-
 def _shared_tuning_database() -> pathlib.Path:
     """One tuning database per test run, in the environment so that pytest-xdist's workers and
     the pytest runs tests start (the Bazel-built library's op tests) share it; CI exports one
