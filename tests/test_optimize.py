@@ -114,7 +114,7 @@ def test_bad_arguments_fail_clearly_and_write_nothing(optimized_encoder, tmp_pat
     root, _ = optimized_encoder
     before = sorted(p.name for p in (root / "original").rglob("*"))
     with pytest.raises(error, match=match):
-        tf_dietcode.optimize(root / "original", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(), **arguments)
+        tf_dietcode.optimize(root / "original", tmp_path / "out", tuning=TINY_TUNING, **arguments)
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
     assert sorted(p.name for p in (root / "original").rglob("*")) == before
 
@@ -126,7 +126,7 @@ def test_not_a_saved_model_and_existing_output(optimized_encoder, tmp_path, monk
     with pytest.raises(ValueError, match="not a SavedModel"):
         tf_dietcode.optimize(tmp_path, tmp_path / "out")
     with pytest.raises(FileExistsError, match="overwrite=True"):
-        tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=ENCODER_RANGES, tuning=TINY_TUNING, database=shared_database())
+        tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=ENCODER_RANGES, tuning=TINY_TUNING)
 
 
 def _operand_scaled(equation, a, b):
@@ -195,7 +195,8 @@ def test_n_d_dense_layers_become_one_op_each(tmp_path, rng):
 ])
 def test_activations_in_the_forms_tf_emits(tmp_path, rng, activation, expected):
     model = save_dense_model(tmp_path / "in", rng, activation)
-    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(), shape_ranges={"x": [(1, 9), 16]})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
+                                  shape_ranges={"x": [(1, 9), 16]})
     assert [w.activation for w in report.workloads] == [expected]
     x = rng.uniform(-3, 3, (7, 16)).astype(np.float32)
     optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
@@ -207,7 +208,8 @@ def test_weights_beyond_the_last_level_cache_are_tuned_cold(tmp_path, rng, monke
     from DRAM: the dense workloads are tuned so, and the report says why."""
     monkeypatch.setattr(hardware, "detect", lambda cache=dataclasses.replace(hardware.detect(), l3_bytes=1024): cache)
     model = save_dense_model(tmp_path / "in", rng)
-    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(), shape_ranges={"x": [(1, 9), 16]})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
+                                  shape_ranges={"x": [(1, 9), 16]})
     assert [w.cold_weight for w in report.workloads] == [True]
     assert "last-level cache: kernels are timed with their weights read from DRAM" in report.summary()
     x = rng.uniform(-3, 3, (7, 16)).astype(np.float32)
@@ -233,7 +235,8 @@ def test_batch_matmul_attention_forms(tmp_path, rng, name, attention):
     model = Model()
     tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
     report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
-                                  shape_ranges={"q": [2, 3, (1, 9), 8], "k": [2, 3, (1, 9), 8], "mask": [2, 1, 1, (1, 9)]})
+                                  shape_ranges={"q": [2, 3, (1, 9), 8], "k": [2, 3, (1, 9), 8],
+                                                "mask": [2, 1, 1, (1, 9)]})
     assert report.fused["attention (BatchMatMulV2)"] == 1, name
     q, k = rng.uniform(-1, 1, (2, 3, 6, 8)).astype(np.float32), rng.uniform(-1, 1, (2, 3, 6, 8)).astype(np.float32)
     mask = rng.uniform(-1, 1, (2, 1, 1, 6)).astype(np.float32)
