@@ -23,7 +23,7 @@ import numpy as np
 import tvm
 
 from tf_dietcode.tuning import (guarded_loops, overlapping_tiles, prefetch_panel, register_tiles, remainder_rows,
-                                 task_scratch, templates, transpose_in_registers, vector_write_backs)
+                                 small_reductions, task_scratch, templates, transpose_in_registers, vector_write_backs)
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -74,15 +74,16 @@ PASS_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True, "no_unroll_
 
 
 def _pipeline():
-    """TVM's default TIR pipeline, then ours on the lowered code: ShrinkGuardedLoops (after
-    LoopPartition made the remainders), OverlapPartialTiles (on the pairs of whole and partial
+    """TVM's default TIR pipeline, then ours on the lowered code: VersionSmallReductions (first, so
+    the passes after it see each copy's constant sizes), ShrinkGuardedLoops (after LoopPartition made
+    the remainders), OverlapPartialTiles (on the pairs of whole and partial
     tile loops that LoopPartition made), TransposeInRegisters (on the loops ShrinkGuardedLoops
     left with constant extents or stopping at N), RegisterTiles (after StorageRewrite merged the
     partitions' accumulators), SpecializeRemainderRows, VectorWriteBacks (on the write-backs
     whose rows SpecializeRemainderRows made constant), PrefetchNextPanel and AllocatePerTask
     (before LowerTVMBuiltin, in the finalizing passes, turns tiles into workspace calls)."""
     lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
-    ours = [guarded_loops.ShrinkGuardedLoops, overlapping_tiles.OverlapPartialTiles,
+    ours = [small_reductions.VersionSmallReductions, guarded_loops.ShrinkGuardedLoops, overlapping_tiles.OverlapPartialTiles,
             transpose_in_registers.TransposeInRegisters,
             register_tiles.RegisterTiles, remainder_rows.SpecializeRemainderRows, vector_write_backs.VectorWriteBacks,
             prefetch_panel.PrefetchNextPanel, task_scratch.AllocatePerTask]

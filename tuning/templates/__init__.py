@@ -35,8 +35,9 @@ import importlib
 # its row loop copied for whole row tiles too;
 # 28: write-backs reading a strided addend as vector stores, by versions of its stride (vector_write_backs);
 # 29: a symbolic N's last partial column task runs as a whole one ending at N, and whole row tiles read x's rows
-# unclamped (overlapping_tiles)).
-TEMPLATES_VERSION = 29
+# unclamped (overlapping_tiles);
+# 30: a dynamic reduction's sizes 1-8 get copies of the kernel's parallel loop (small_reductions)).
+TEMPLATES_VERSION = 30
 
 import functools
 

@@ -30,6 +30,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as T
 
 from tf_dietcode.tuning.micro_kernel import MicroKernel, blocks_the_reduction
+from tf_dietcode.tuning.small_reductions import versions_attribute
 from tf_dietcode.tuning.templates import (accumulate_locally, dim, fetch_into_local, optional_block,
                                           read_in_place_clamped, set_predicate)
 from tf_dietcode.tuning.workload import Workload
@@ -47,6 +48,15 @@ def _buffer(name: str, shape: tuple, symbolic_strides: bool, contiguous_last: bo
     return tirx.decl_buffer(shape, "float32", name, strides=strides)
 
 
+def _small_reductions(workload: Workload, symbolic: bool) -> dict:
+    """The attribute asking for copies of the kernel's loop at a dynamic K's small sizes, with the dims
+    tied to it (small_reductions); none for a static build or a static K."""
+    if not symbolic or workload.k.static:
+        return {}
+    dims, sizes = next((names, size) for names, size in workload.variables() if "k" in names)
+    return versions_attribute([name.upper() for name in dims], range(sizes.lo, sizes.hi + 1))
+
+
 def prim_func(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | None = None) -> tirx.PrimFunc:
     """Params x, y, [addend], alpha, out. dims=None: the dynamic dims and both batch factors
     symbolic, every buffer strided; else all fixed (batch [b, 1]) and compact."""
@@ -60,7 +70,7 @@ def prim_func(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | No
     with IRBuilder() as builder:
         with T.prim_func(s_tir=True):
             T.func_name("main")
-            T.func_attr({"tirx.noalias": True})
+            T.func_attr({"tirx.noalias": True, **_small_reductions(workload, symbolic)})
             x = T.arg("x", _buffer("x", (batches, heads, m, k), symbolic))
             y = T.arg("y", _buffer("y", (batches, heads, n, k) if workload.transpose_b else (batches, heads, k, n),
                                    symbolic))
