@@ -23,7 +23,8 @@ import numpy as np
 import tvm
 
 from tf_dietcode.tuning import (guarded_loops, overlapping_tiles, prefetch_panel, register_tiles, remainder_rows,
-                                 small_reductions, task_scratch, templates, transpose_in_registers, vector_write_backs)
+                                 small_reductions, task_division, task_scratch, templates, transpose_in_registers,
+                                 vector_write_backs)
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -81,12 +82,13 @@ def _pipeline():
     left with constant extents or stopping at N), RegisterTiles (after StorageRewrite merged the
     partitions' accumulators), SpecializeRemainderRows, VectorWriteBacks (on the write-backs
     whose rows SpecializeRemainderRows made constant), PrefetchNextPanel and AllocatePerTask
-    (before LowerTVMBuiltin, in the finalizing passes, turns tiles into workspace calls)."""
+    (before LowerTVMBuiltin, in the finalizing passes, turns tiles into workspace calls), and
+    DivideTaskIndexByReciprocal (on the parallel loops, the copies' too)."""
     lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
-    ours = [small_reductions.VersionSmallReductions, guarded_loops.ShrinkGuardedLoops, overlapping_tiles.OverlapPartialTiles,
-            transpose_in_registers.TransposeInRegisters,
+    ours = [small_reductions.VersionSmallReductions, guarded_loops.ShrinkGuardedLoops,
+            overlapping_tiles.OverlapPartialTiles, transpose_in_registers.TransposeInRegisters,
             register_tiles.RegisterTiles, remainder_rows.SpecializeRemainderRows, vector_write_backs.VectorWriteBacks,
-            prefetch_panel.PrefetchNextPanel, task_scratch.AllocatePerTask]
+            prefetch_panel.PrefetchNextPanel, task_scratch.AllocatePerTask, task_division.DivideTaskIndexByReciprocal]
     return tvm.transform.Sequential([lower, *ours]), finalize_host, finalize_device
 
 

@@ -36,8 +36,9 @@ import importlib
 # 28: write-backs reading a strided addend as vector stores, by versions of its stride (vector_write_backs);
 # 29: a symbolic N's last partial column task runs as a whole one ending at N, and whole row tiles read x's rows
 # unclamped (overlapping_tiles);
-# 30: a dynamic reduction's sizes 1-8 get copies of the kernel's parallel loop (small_reductions)).
-TEMPLATES_VERSION = 30
+# 30: a dynamic reduction's sizes 1-8 get copies of the kernel's parallel loop (small_reductions);
+# 31: a parallel task splits its index by symbolic batch dims once, by a reciprocal's multiply (task_division)).
+TEMPLATES_VERSION = 31
 
 import functools
 

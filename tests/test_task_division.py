@@ -1,0 +1,59 @@
+"""DivideTaskIndexByReciprocal: a batch matmul's parallel tasks split their index by the symbolic
+batch dims once per task, as a multiply where that is exact; kernels so built compute the product
+with several heads (the multiply) and with more heads than it is exact for (the division)."""
+
+import numpy as np
+import pytest
+from tvm import tirx
+from tvm.tirx import stmt as tir_stmt
+
+from lowered_kernels import build_seen_after, nodes
+from tf_dietcode.tuning import templates
+from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.workload import Workload
+
+PASS = "tf_dietcode.DivideTaskIndexByReciprocal"
+NN = Workload("batch_matmul", (1, 20), 32, (1, 20), b=(1, 1 << 17), transpose_b=False, ties=("m", "k"))
+NT = Workload("batch_matmul", (1, 20), (1, 20), 16, b=(1, 1 << 17), bias=True, ties=("m", "n"))
+KERNELS = [(NN, MicroKernel(2, 8, 32, 1, True, whole_batch=True)), (NN, MicroKernel(1, 16, 32, 2, True)),
+           (NT, MicroKernel(3, 8, 16, 1, False))]
+
+
+def _task_divisions(body, task: tirx.Var) -> list:
+    """Divisions of the task index by a symbolic divisor in body."""
+    return [node for node in nodes(body, (tirx.FloorDiv, tirx.FloorMod)) if not isinstance(node.b, tirx.IntImm)
+            and any(v.same_as(task) for v in nodes(node.a, tirx.Var))]
+
+
+@pytest.mark.parametrize("workload, kernel", KERNELS, ids=lambda value: getattr(value, "name", None))
+def test_each_task_divides_once(workload, kernel):
+    _, main = build_seen_after(PASS, workload, kernel)
+    parallel = [loop for loop in nodes(main.body, tir_stmt.For) if loop.kind == tir_stmt.ForKind.PARALLEL]
+    assert parallel
+    for loop in parallel:
+        quotients = [s for s in nodes(loop.body, tir_stmt.Bind) if s.var.name.startswith("task_quotient")]
+        assert quotients, "the task's index is not split once"
+        # the divisions left are the per-task quotients' fallbacks (past exactness), one per quotient
+        fallbacks = [node for binding in quotients for node in _task_divisions(binding.value, loop.loop_var)]
+        assert len(fallbacks) == len(quotients)
+        assert all(any(node.same_as(f) for f in fallbacks) for node in _task_divisions(loop.body, loop.loop_var))
+
+
+@pytest.mark.parametrize("workload, kernel", KERNELS, ids=lambda value: getattr(value, "name", None))
+@pytest.mark.parametrize("batches, heads, t", [(2, 3, 1), (3, 5, 9), (1, 1 << 16, 1), (2, 1 << 16, 2)],
+                         ids=["heads3_t1", "heads5_t9", "past_exact_t1", "past_exact_t2"])
+def test_kernels_compute_the_product_with_heads(workload, kernel, batches, heads, t):
+    """[batches, heads] batch dims; 2^16 heads put batches * heads^2 past 2^31, where each task divides."""
+    executable, _ = build_seen_after(PASS, workload, kernel)
+    dims = workload.dims_at((t,))
+    rng = np.random.default_rng(t)
+    shapes = {"x": (dims["m"], dims["k"]), "y": (dims["n"], dims["k"]) if workload.transpose_b
+              else (dims["k"], dims["n"]), "addend": (dims["m"], dims["n"])}
+    operands = {name: rng.uniform(-1, 1, (batches, heads, *shape)).astype(np.float32) for name, shape in shapes.items()
+                if name != "addend" or workload.bias}
+    operands["alpha"] = 0.75
+    template = templates.for_workload(workload)
+    arguments = template.kernel_arguments(operands, workload, kernel)
+    executable["main"](*arguments)
+    np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
+                               rtol=1e-5, atol=1e-5)
