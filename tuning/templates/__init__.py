@@ -37,8 +37,9 @@ import importlib
 # 29: a symbolic N's last partial column task runs as a whole one ending at N, and whole row tiles read x's rows
 # unclamped (overlapping_tiles);
 # 30: a dynamic reduction's sizes 1-8 get copies of the kernel's parallel loop (small_reductions);
-# 31: a parallel task splits its index by symbolic batch dims once, by a reciprocal's multiply (task_division)).
-TEMPLATES_VERSION = 31
+# 31: a parallel task splits its index by symbolic batch dims once, by a reciprocal's multiply (task_division);
+# 32: copies for a dynamic reduction's sizes 1-5 only (compile time)).
+TEMPLATES_VERSION = 32
 
 import functools
 
