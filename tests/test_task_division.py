@@ -29,13 +29,13 @@ def _task_divisions(body, task: tirx.Var) -> list:
 
 @functools.cache
 def _built(workload, kernel):
-    """Each kernel compiled once for the four layouts below."""
-    return build_seen_after(PASS, workload, kernel)[0]
+    """Each kernel compiled once for the tests below: (the executable, its "main" after the pass)."""
+    return build_seen_after(PASS, workload, kernel)
 
 
 @pytest.mark.parametrize("workload, kernel", KERNELS, ids=lambda value: getattr(value, "name", None))
 def test_each_task_divides_once(workload, kernel):
-    _, main = build_seen_after(PASS, workload, kernel)
+    _, main = _built(workload, kernel)
     parallel = [loop for loop in nodes(main.body, tir_stmt.For) if loop.kind == tir_stmt.ForKind.PARALLEL]
     assert parallel
     for loop in parallel:
@@ -52,7 +52,7 @@ def test_each_task_divides_once(workload, kernel):
                          ids=["heads3_t1", "heads5_t9", "past_exact_t1", "past_exact_t2"])
 def test_kernels_compute_the_product_with_heads(workload, kernel, batches, heads, t):
     """[batches, heads] batch dims; 2^16 heads put batches * heads^2 past 2^31, where each task divides."""
-    executable = _built(workload, kernel)
+    executable, _ = _built(workload, kernel)
     dims = workload.dims_at((t,))
     rng = np.random.default_rng(t)
     shapes = {"x": (dims["m"], dims["k"]), "y": (dims["n"], dims["k"]) if workload.transpose_b

@@ -105,13 +105,17 @@ def substituted(node, var: tirx.Var, value):
     return tvm_ffi.structural_map(node, (tirx.Var, lambda used: value if used.same_as(var) else used))
 
 
+def defined_vars(nest: tir_stmt.Stmt) -> list[tirx.Var]:
+    """The variables a loop nest defines: its loops' variables and its bindings'."""
+    found = []
+    tvm_ffi.structural_walk(nest, ((tir_stmt.For, tir_stmt.Bind), found.append))
+    return [node.loop_var if isinstance(node, tir_stmt.For) else node.var for node in found]
+
+
 def fresh_vars(nest: tir_stmt.Stmt) -> tir_stmt.Stmt:
     """A copy of a loop nest with loop variables and bindings of its own: TVM's passes refuse one
     variable bound twice (by two loops over different ranges)."""
-    found = []
-    tvm_ffi.structural_walk(nest, ((tir_stmt.For, tir_stmt.Bind), found.append))
-    defined = [node.loop_var if isinstance(node, tir_stmt.For) else node.var for node in found]
-    fresh = {var: tirx.Var(var.name, var.ty.dtype) for var in defined}
+    fresh = {var: tirx.Var(var.name, var.ty.dtype) for var in defined_vars(nest)}
     return tvm_ffi.structural_map(nest, (tirx.Var, lambda var: next(
         (new for old, new in fresh.items() if old.same_as(var)), var)))
 

@@ -23,7 +23,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import loops, rebuild_loops, sequence, uses
+from tf_dietcode.tuning.guarded_loops import defined_vars, loops, rebuild_loops, sequence, uses, with_body
 
 _SHIFT = 32
 
@@ -40,9 +40,7 @@ def _divide_by_reciprocal(loop: tir_stmt.For) -> tir_stmt.Stmt:
     """The parallel loop with each division of its index by an invariant divisor done once per task,
     at the top of its body, as a multiply where exact, after the bindings of each divisor's
     reciprocal and of whether it is exact for this loop."""
-    inner = [loop.loop_var]
-    tvm_ffi.structural_walk(loop.body, ((tir_stmt.For, tir_stmt.Bind), lambda node: inner.append(
-        node.loop_var if isinstance(node, tir_stmt.For) else node.var)))
+    inner = defined_vars(loop)
     bounded = [loop.loop_var]  # the index, and the remainders of it made below
     divisors: list = []  # [(divisor, reciprocal, exact)], one per distinct divisor
     quotients: list = []  # [(numerator, divisor, quotient var, its value)], one per distinct division
@@ -82,9 +80,7 @@ def _divide_by_reciprocal(loop: tir_stmt.For) -> tir_stmt.Stmt:
         tir_stmt.Bind(exact, tirx.all(one <= divisor, divisor < limit, loop.extent < limit,
                                       loop.extent * divisor < limit)))]
     per_task = [tir_stmt.Bind(var, value) for _, _, var, value in quotients]
-    return sequence([*bindings, tir_stmt.For(loop.loop_var, loop.min, loop.extent, loop.kind,
-                                             sequence([*per_task, body]), loop.thread_binding, loop.annotations,
-                                             loop.step)])
+    return sequence([*bindings, with_body(loop, sequence([*per_task, body]))])
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.DivideTaskIndexByReciprocal")
