@@ -56,6 +56,21 @@ def test_batch_matmul_kernels_compute_the_product_at_every_remainder(workload, k
     assert_computes_the_product(executable, workload, kernel, range(1, 41))
 
 
+def test_a_count_known_where_the_rows_are_copied_gets_that_copy_alone():
+    """In small_reductions' copy for M = K = 3 the remainder has 3 rows: one copy, no branches to the
+    counts it cannot have (LLVM dropped them, but compiled them first)."""
+    kernel = MicroKernel(5, 16, 16, 1, True)
+    executable, main = build_seen_after("tf_dietcode.SpecializeRemainderRows", NN, kernel)
+    def fixes_m_and_k_to_3(condition) -> bool:
+        terms = [condition.a, condition.b] if isinstance(condition, tirx.And) else []
+        return sorted((t.a.name, int(t.b)) for t in terms if isinstance(t, tirx.EQ) and isinstance(t.a, tirx.Var)
+                      and isinstance(t.b, tirx.IntImm)) == [("K", 3), ("M", 3)]
+    copy = next(branch.then_case for branch in nodes(main.body, tir_stmt.IfThenElse)
+                if fixes_m_and_k_to_3(branch.condition))
+    assert not _row_count_branches(copy, kernel.tile_m)
+    assert_computes_the_product(executable, NN, kernel, [1, 3, 5, 7])
+
+
 def test_static_builds_are_left_alone():
     """A static build's remainder writes back a constant count already."""
     kernel = MicroKernel(6, 16, 32, 1, False, packed=True, task_m=0)

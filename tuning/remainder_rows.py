@@ -55,7 +55,12 @@ def _one_copy_per_count(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.For:
     whole_tiles = not always(scope, count < rows)
     for fixed in range(rows if whole_tiles else rows - 1, 0, -1):
         constant = tirx.const(fixed, count.ty.dtype)
+        if always(scope, count != constant):
+            continue
         copy = fresh_vars(sequence([*tail[:-1], with_body(write_back, write_back.body, extent=constant)]))
+        if always(scope, count == constant):
+            specialized = copy
+            break
         specialized = tir_stmt.IfThenElse(count == constant, copy, specialized)
     return with_body(loop, sequence([*head, specialized]))
 
