@@ -38,8 +38,10 @@ import importlib
 # unclamped (overlapping_tiles);
 # 30: a dynamic reduction's sizes 1-8 get copies of the kernel's parallel loop (small_reductions);
 # 31: a parallel task splits its index by symbolic batch dims once, by a reciprocal's multiply (task_division);
-# 32: copies for a dynamic reduction's sizes 1-5 only (compile time)).
-TEMPLATES_VERSION = 32
+# 32: copies for a dynamic reduction's sizes 1-5 only (compile time);
+# 33: the copies left unsimplified (their partial column tiles' write-backs vector stores again), and a
+# remainder's row counts copied only where its scope allows them).
+TEMPLATES_VERSION = 33
 
 import functools
 
