@@ -136,21 +136,24 @@ class LevelRunner(FormulaRunner):
 
 def test_finalists_are_measured_again_together_and_replace_their_first_records(tmp_path):
     """Once the budget is spent, each sample shape's fastest kernels (then the second fastest,
-    and so on) are measured again in one batch, and those records are the ones that count, in
-    the result and in the database; a resumed search measures nothing, finalists included."""
+    and so on) are measured again in one batch, at the sample shapes and between them, and those
+    records are the ones that count, in the result and in the database; a resumed search
+    measures nothing, finalists included."""
     options = search.SearchOptions(trials=16, batch=4, population=32, samples=3, finalists=5, seed=7)
     runner = LevelRunner([0.5, 1.3, 0.8, 1.1])  # four batches at their moments, then the finalists at 1.0
     database = Database(tmp_path / "db.jsonl")
     result = search.search(WORKLOAD, HW, runner, options, database, progress=False)
     finalists = runner.calls[-1]
     assert len(runner.calls) == 5 and len(finalists) == 5 == len(set(finalists))
-    first = runner.records[:-5 * len(result.sample_shapes)]
+    between = search.between_shapes(result.sample_shapes)
+    assert result.sample_shapes == [(1,), (10,), (100,)] and between == [(3,), (32,)]
+    first = runner.records[:-5 * (len(result.sample_shapes) + len(between))]
     for shape in result.sample_shapes:
         assert min((r for r in first if r.shape == shape), key=lambda r: r.seconds).kernel in finalists
     kept = {(r.kernel, r.shape): r.seconds for r in result.measurements}
-    assert len(kept) == len(result.measurements) == 16 * len(result.sample_shapes)
+    assert len(kept) == len(result.measurements) == 16 * len(result.sample_shapes) + 5 * len(between)
     for kernel in finalists:
-        for shape in result.sample_shapes:
+        for shape in result.sample_shapes + between:
             assert kept[kernel, shape] == synthetic_seconds(kernel, shape, workload=WORKLOAD)
     assert set(Database(tmp_path / "db.jsonl").measurements(WORKLOAD, HW.mcpu)) == set(result.measurements)
     resumed = LevelRunner([])
@@ -171,10 +174,19 @@ def test_a_kernel_timed_again_counts_by_its_later_timing(tmp_path):
     assert reopened.best_kernels_elsewhere(Workload("dense", (1, 100), 96, 32), HW.mcpu, 1) == [slow]
 
 
+def test_similar_workloads_kernels_rank_by_the_shapes_all_were_measured_at(tmp_path):
+    """A finalist's records between the sample shapes do not count in its ranking as a seed."""
+    database = Database(tmp_path / "db.jsonl")
+    a, b, c = MicroKernel(2, 8, 32, 1, True), MicroKernel(4, 8, 32, 1, False), MicroKernel(1, 8, 32, 1, True)
+    database.add(WORKLOAD, HW.mcpu, [Measurement(k, (m,), seconds) for k, seconds in ((a, 1e-3), (b, 1.1e-3), (c, 2e-3))
+                                     for m in (1, 10, 100)] + [Measurement(b, (32,), 1e-6)])
+    assert database.best_kernels_elsewhere(Workload("dense", (1, 100), 96, 32), HW.mcpu, 1) == [a]
+
+
 def test_first_batch_starts_from_similar_workloads_best_kernels(tmp_path):
     """A workload tuned after a similar one (same kind and layout, other N/K) measures
     that one's best kernels first; with no similar workload it starts from the spread."""
-    options = search.SearchOptions(trials=8, batch=8, population=32, samples=3, seed=2)
+    options = search.SearchOptions(trials=8, batch=8, population=32, samples=3, finalists=0, seed=2)
     database = Database(tmp_path / "db.jsonl")
     search.search(WORKLOAD, HW, FormulaRunner(), options, database, progress=False)
     best = database.best_kernels_elsewhere(Workload("dense", (1, 100), 96, 32), HW.mcpu, 2)
@@ -203,6 +215,26 @@ def test_dispatch_tree_and_its_c_form_agree_for_every_m(tmp_path):
         assert pick(1, m, 64, 32) == chosen.kernel_index(dims)
         assert (chosen.kernel_index(dims) == -1) == (not 1 <= m <= 100)
     assert pick(1, 50, 65, 32) == -1  # a static dim that differs is outside the workload
+
+
+def test_dispatch_between_samples_follows_the_finalists_timed_there():
+    """A kernel fastest at the sample shapes but 3x slower between two of them (at M = 25-40, as a
+    kernel whose blocking outgrows a cache can be) gives those M up: the finalists are timed between
+    the samples too, and the votes there follow those timings."""
+    options = search.SearchOptions(trials=24, samples=3, finalists=4, seed=5)
+    plain = dispatch.build_dispatch(search.search(WORKLOAD, HW, FormulaRunner(), options, progress=False))
+    fastest = plain.kernels[plain.kernel_index(WORKLOAD.dims_at((32,)))]
+
+    class DipRunner(FormulaRunner):
+        def run(self, workload, kernels, ms, seed=0, best=None):
+            return [dataclasses.replace(r, seconds=r.seconds * 3) if r.kernel == fastest and 25 <= r.shape[0] <= 40
+                    else r for r in super().run(workload, kernels, ms)]
+
+    dipped = dispatch.build_dispatch(search.search(WORKLOAD, HW, DipRunner(), options, progress=False))
+    assert dipped.kernels[dipped.kernel_index(WORKLOAD.dims_at((32,)))] != fastest
+    assert dipped.kernels[dipped.kernel_index(WORKLOAD.dims_at((100,)))] == plain.kernels[
+        plain.kernel_index(WORKLOAD.dims_at((100,)))]
+    assert search.between_shapes([(1,), (10,), (100,)]) == [(3,), (32,)]  # timed at M = 32
 
 
 def test_dispatch_prefers_small_row_tiles_for_small_m():
@@ -508,7 +540,7 @@ def test_rpc_runner_measures_through_a_tracker(rpc_tracker, workload):
     runner = RPCRunner(hardware.detect(), "127.0.0.1", rpc_tracker.port, "test-cpu", repeats=2, min_repeat_ms=1)
     result = search.search(workload, hardware.detect(), runner, search.SearchOptions(trials=3, batch=3, samples=2),
                            progress=False)
-    assert len(result.measurements) == 3 * len(result.sample_shapes)
+    assert len(result.measurements) == 3 * len(result.sample_shapes + search.between_shapes(result.sample_shapes))
     assert all(r.seconds and r.seconds > 0 and r.error is None for r in result.measurements)
 
 

@@ -57,10 +57,11 @@ class Database:
 
     def best_kernels_elsewhere(self, workload: Workload, target: str, per_workload: int,
                                kernel_type: type = MicroKernel) -> list:
-        """The fastest kernels (geometric mean GFLOP/s over their shapes) of each other
-        workload of the same kind, operand layout and cache state on this target: where one tuning
-        run or an earlier one already found good tiles for a similar product, a new
-        workload's search starts from them instead of from scratch."""
+        """The fastest kernels (geometric mean GFLOP/s over the shapes most of them were measured at:
+        the samples, not the finalists' shapes between them) of each other workload of the same kind,
+        operand layout and cache state on this target: where one tuning run or an earlier one already
+        found good tiles for a similar product, a new workload's search starts from them instead of
+        from scratch."""
         own_key, by_workload = workload.key(), collections.defaultdict(list)
         for key, measurement in self._usable(target, kernel_type):
             if key != own_key and measurement.seconds:
@@ -75,8 +76,11 @@ class Database:
             if (other.kind, other.transpose_b, other.weight_layout, other.cold_weight) != \
                     (workload.kind, workload.transpose_b, workload.weight_layout, workload.cold_weight):
                 continue
+            kernels_at = collections.Counter(measurement.shape for measurement in found)
+            kernels = len({measurement.kernel for measurement in found})
             logs = collections.defaultdict(list)
             for measurement in found:
-                logs[measurement.kernel].append(math.log(observed_gflops(other, measurement)))
+                if 2 * kernels_at[measurement.shape] > kernels:
+                    logs[measurement.kernel].append(math.log(observed_gflops(other, measurement)))
             best += sorted(logs, key=lambda k: -sum(logs[k]) / len(logs[k]))[:per_workload]
         return list(dict.fromkeys(best))

@@ -63,6 +63,17 @@ def sample_shapes(workload: Workload, count: int) -> list[tuple[int, ...]]:
     return list(itertools.product(*axes))
 
 
+def between_shapes(shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Per shape variable, the geometric midpoint of each pair of consecutive sample values (those not
+    sampled already); every combination across variables. The finalists are timed there too (search)."""
+    axes = []
+    for values in zip(*shapes):
+        ordered = sorted(set(values))
+        midpoints = {int(round(math.sqrt(max(a, 1) * b))) for a, b in zip(ordered, ordered[1:])}
+        axes.append(sorted(midpoints - set(ordered)))
+    return list(itertools.product(*axes)) if shapes and all(axes) else []
+
+
 def _neighbours(kernel, values: dict[str, list], rng: random.Random):
     """One parameter moved to an adjacent value of the space."""
     name = rng.choice(list(values))
@@ -100,8 +111,10 @@ def search(workload: Workload, hw, runner, options: SearchOptions = SearchOption
     space_set = set(space_list)
     values = {f.name: sorted({getattr(k, f.name) for k in space_list}) for f in dataclasses.fields(hw.kernel_type)}
     shapes = shapes or sample_shapes(workload, options.samples)
+    between = between_shapes(shapes)
     model = CostModel(workload, hw, options.seed)
-    measurements = [r for r in database.measurements(workload, hw.name, hw.kernel_type) if r.shape in shapes]
+    measurements = [r for r in database.measurements(workload, hw.name, hw.kernel_type)
+                    if r.shape in shapes or r.shape in between]
     measured = {r.kernel for r in measurements}
     model.fit(measurements)
     trials = min(options.trials, len(space_list))
@@ -123,7 +136,7 @@ def search(workload: Workload, hw, runner, options: SearchOptions = SearchOption
         if not resumed and options.finalists:
             finalists = _finalists(measurements, shapes, options.finalists)
             bar.set_postfix_str(f"timing {len(finalists)} finalists again")
-            again = runner.run(workload, finalists, shapes, seed=options.seed)
+            again = runner.run(workload, finalists, shapes + between, seed=options.seed)
             database.add(workload, hw.name, again)
             measurements = latest(measurements + again)
             model.fit(measurements)
@@ -139,6 +152,12 @@ def _finalists(measurements: list[Measurement], shapes: list[tuple[int, ...]], c
     of the same weight layout 171.8, in other batches; timed together afterwards they ran
     at 152.5 and 171.7. Measured again in one batch, the finalists, which the votes choose
     among, are compared at the same moments.
+
+    Why between the samples too (between_shapes): the votes cover every shape, and between
+    two samples they interpolate each kernel's measured error. Kernels part ways there:
+    batch matmul NN's `m6_n16_k128_t1_ki` ran 134 GFLOP/s at T = 49, a sample, and 109-118
+    at T = 90-128, while `m2_n32_k128_t2_ki` held 127-151; with samples at 49 and 128 only,
+    the tree gave T = 62-100 to the first, 1.3-1.4x slower there (session 52, Zen 3 VM).
     """
     ranked = [[r.kernel for r in sorted((r for r in measurements if r.shape == shape and r.seconds),
                                          key=lambda r: r.seconds)] for shape in shapes]
