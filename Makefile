@@ -36,8 +36,9 @@ bench-quick: $(BENCH_INSTALLED)
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.suite --quick
 
 # Test files spread over the cores (at most 4 workers; a file stays on one, so its module fixtures are built once).
+# The slowest 25 steps are listed at the end: CI's time is close to its limit.
 test: $(INSTALLED) bazel
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile tests
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=25 tests
 
 # The op tests against an AddressSanitizer + UBSan build of the op library (build/asan/).
 sanitize: $(INSTALLED)
