@@ -41,7 +41,9 @@ def row_count(write_back: tir_stmt.Stmt):
 def _one_copy_per_count(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.For:
     """The loop, with what follows its body's last binding copied once per row count if its body ends
     in a write-back of `min(C, E)` rows: counts 1 to C - 1 in a remainder (the count provably below
-    C), 1 to C in a loop that also runs whole tiles (a partial column task's rows)."""
+    C), 1 to C in a loop that also runs whole tiles (a partial column task's rows); of those, only the
+    counts its scope allows, and that copy alone where the scope fixes the count (a small_reductions
+    copy, M constant)."""
     body = statements(loop.body)
     found = row_count(body[-1])
     bindings = [i for i, statement in enumerate(body) if isinstance(statement, tir_stmt.Bind)]
