@@ -17,6 +17,24 @@ def nodes(body, kind) -> list:
     return found
 
 
+def _terms(condition) -> list:
+    return _terms(condition.a) + _terms(condition.b) if isinstance(condition, tvm.tirx.And) else [condition]
+
+
+def small_reduction_copies(body) -> dict:
+    """{(the dims a branch fixes, their size): the branch's copy} for each branch fixing dims to one size
+    (small_reductions' copies: `if K == 3 and M == 3: ...`)."""
+    found = {}
+    for branch in nodes(body, tvm.tirx.stmt.IfThenElse):
+        terms = _terms(branch.condition)
+        if all(isinstance(t, tvm.tirx.EQ) and isinstance(t.a, tvm.tirx.Var) and isinstance(t.b, tvm.tirx.IntImm)
+               for t in terms):
+            sizes = {int(t.b) for t in terms}
+            if len(sizes) == 1:
+                found[tuple(sorted(t.a.name for t in terms)), sizes.pop()] = branch.then_case
+    return found
+
+
 def compile_seen_after(pass_name: str, function: tvm.tirx.PrimFunc, target: tvm.target.Target):
     """(`function` compiled as tuning compiles kernels, the module right after the pass named `pass_name`)."""
     seen = {}

@@ -6,7 +6,7 @@ import pytest
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from lowered_kernels import assert_computes_the_product, build_seen_after, nodes
+from lowered_kernels import assert_computes_the_product, build_seen_after, nodes, small_reduction_copies
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
 
@@ -61,12 +61,7 @@ def test_a_count_known_where_the_rows_are_copied_gets_that_copy_alone():
     counts it cannot have (LLVM dropped them, but compiled them first)."""
     kernel = MicroKernel(5, 16, 16, 1, True)
     executable, main = build_seen_after("tf_dietcode.SpecializeRemainderRows", NN, kernel)
-    def fixes_m_and_k_to_3(condition) -> bool:
-        terms = [condition.a, condition.b] if isinstance(condition, tirx.And) else []
-        return sorted((t.a.name, int(t.b)) for t in terms if isinstance(t, tirx.EQ) and isinstance(t.a, tirx.Var)
-                      and isinstance(t.b, tirx.IntImm)) == [("K", 3), ("M", 3)]
-    copy = next(branch.then_case for branch in nodes(main.body, tir_stmt.IfThenElse)
-                if fixes_m_and_k_to_3(branch.condition))
+    copy = small_reduction_copies(main.body)[("K", "M"), 3]
     assert not _row_count_branches(copy, kernel.tile_m)
     assert_computes_the_product(executable, NN, kernel, [1, 3, 5, 7])
 

@@ -4,11 +4,10 @@ constant sizes; the kernels so built compute the product in every copy and past 
 
 import numpy as np
 import pytest
-import tvm
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from lowered_kernels import assert_computes_the_product, build_seen_after, nodes
+from lowered_kernels import assert_computes_the_product, build_seen_after, small_reduction_copies
 from tf_dietcode.tuning import templates
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.small_reductions import SMALL_REDUCTIONS
@@ -21,47 +20,31 @@ K_ONLY = Workload("batch_matmul", 7, 24, (3, 20), b=2, transpose_b=False)  # M s
 NT = Workload("batch_matmul", (1, 20), (1, 20), 32, b=3, ties=("m", "n"))  # a static K
 
 
-def _terms(condition) -> list:
-    return _terms(condition.a) + _terms(condition.b) if isinstance(condition, tirx.And) else [condition]
-
-
-def _versions(body) -> dict[tuple[tuple[str, ...], int], tir_stmt.Stmt]:
-    """{(the dims a branch fixes, their size): the branch's copy} for each branch fixing dims to one size."""
-    found = {}
-    for branch in nodes(body, tir_stmt.IfThenElse):
-        terms = _terms(branch.condition)
-        if all(isinstance(t, tirx.EQ) and isinstance(t.a, tirx.Var) and isinstance(t.b, tirx.IntImm) for t in terms):
-            sizes = {int(t.b) for t in terms}
-            if len(sizes) == 1:
-                found[tuple(sorted(t.a.name for t in terms)), sizes.pop()] = branch.then_case
-    return found
-
-
 @pytest.mark.parametrize("workload, kernel", [(NN, MicroKernel(5, 16, 20, 1, True, whole_batch=True)),
                                               (NN, MicroKernel(1, 32, 20, 1, True)),
                                               (NN_ADDEND, MicroKernel(2, 16, 8, 2, True))],
                          ids=["m5_b", "m1", "addend_blocked_k"])
 def test_tied_dims_get_a_copy_per_small_size(workload, kernel):
     executable, main = build_seen_after(PASS, workload, kernel)
-    versions = _versions(main.body)
+    versions = small_reduction_copies(main.body)
     assert sorted(versions) == [(("K", "M"), size) for size in range(1, SMALL_REDUCTIONS + 1)]
     for copy in versions.values():  # the parallel loop, over the batch's B * H tasks, with constant loops inside
         assert isinstance(copy, tir_stmt.For) and copy.kind == tir_stmt.ForKind.PARALLEL
-        assert not {"K", "M"} & {var.name for var in tvm.tirx.analysis.undefined_vars(copy, [])}, "not fixed"
+        assert not {"K", "M"} & {var.name for var in tirx.analysis.undefined_vars(copy, [])}, "not fixed"
     assert_computes_the_product(executable, workload, kernel, range(1, 21))
 
 
 def test_a_dynamic_reduction_alone_is_versioned_alone_within_its_range():
     kernel = MicroKernel(3, 8, 20, 1, False)
     executable, main = build_seen_after(PASS, K_ONLY, kernel)
-    assert sorted(_versions(main.body)) == [(("K",), size) for size in range(3, SMALL_REDUCTIONS + 1)]
+    assert sorted(small_reduction_copies(main.body)) == [(("K",), size) for size in range(3, SMALL_REDUCTIONS + 1)]
     assert_computes_the_product(executable, K_ONLY, kernel, [3, 5, 8, 9, 13, 20])
 
 
 @pytest.mark.parametrize("workload, dims", [(NT, None), (NN, NN.dims_at((5,)))], ids=["static_k", "static_build"])
 def test_kernels_without_a_dynamic_reduction_are_left_alone(workload, dims):
     _, main = build_seen_after(PASS, workload, MicroKernel(2, 16, 32, 1, True), dims)
-    assert not _versions(main.body)
+    assert not small_reduction_copies(main.body)
 
 
 def test_an_empty_reduction_takes_the_symbolic_loop():

@@ -113,8 +113,8 @@ def search(workload: Workload, hw, runner, options: SearchOptions = SearchOption
     shapes = shapes or sample_shapes(workload, options.samples)
     between = between_shapes(shapes)
     model = CostModel(workload, hw, options.seed)
-    measurements = [r for r in database.measurements(workload, hw.name, hw.kernel_type)
-                    if r.shape in shapes or r.shape in between]
+    timed_at = {*shapes, *between}
+    measurements = [r for r in database.measurements(workload, hw.name, hw.kernel_type) if r.shape in timed_at]
     measured = {r.kernel for r in measurements}
     model.fit(measurements)
     trials = min(options.trials, len(space_list))
