@@ -1,15 +1,18 @@
 """DivideTaskIndexByReciprocal: a batch matmul's parallel tasks split their index by the symbolic
 batch dims once per task, as a multiply where that is exact; kernels so built compute the product
-with several heads (the multiply) and with more heads than it is exact for (the division)."""
+with several heads (the multiply) and with more heads than it is exact for (the division). In the
+copies for small sizes, each operand's offset is one linear form in the task index and quotient,
+bound once per task, also for operands read in place through attention's layouts."""
 
 import functools
 
 import numpy as np
 import pytest
+import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from lowered_kernels import build_seen_after, nodes
+from lowered_kernels import build_seen_after, nodes, small_reduction_copies
 from tf_dietcode.tuning import templates
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -64,4 +67,51 @@ def test_kernels_compute_the_product_with_heads(workload, kernel, batches, heads
     arguments = template.kernel_arguments(operands, workload, kernel)
     executable["main"](*arguments)
     np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _parallel_loops(body) -> list:
+    return [loop for loop in nodes(body, tir_stmt.For) if loop.kind == tir_stmt.ForKind.PARALLEL]
+
+
+def _reads_a_quotient(node) -> bool:
+    return any(v.name.startswith("task_quotient") for v in nodes(node, tirx.Var))
+
+
+def test_small_copies_bind_each_operands_offset_once_per_task():
+    """The whole-batch NN kernel: in each copy for a small K, the task quotient is multiplied only in
+    the offsets bound at the top of the task, once in each (x's, y's and out's, and the head
+    index's); the loop over the other sizes keeps its offsets as written (LLVM's strength
+    reduction chooses differently there)."""
+    _, main = _built(*KERNELS[0])
+    copies = small_reduction_copies(main.body)
+    assert copies
+    for copy in copies.values():
+        (loop,) = _parallel_loops(copy)
+        offsets = [s for s in nodes(loop.body, tir_stmt.Bind) if s.var.name.startswith("task_offset")]
+        assert {v.name for o in offsets for v in nodes(o.value, tirx.Var)} >= {"x_stride1", "y_stride1", "out_stride1"}
+        products = [m for m in nodes(loop.body, tirx.Mul) if _reads_a_quotient(m)]
+        in_offsets = [[m for m in nodes(o.value, tirx.Mul) if _reads_a_quotient(m)] for o in offsets]
+        assert all(len(found) == 1 for found in in_offsets)
+        assert len(products) == len(offsets)
+    others = [loop for loop in _parallel_loops(main.body)
+              if not any(loop.same_as(inner) for copy in copies.values() for inner in _parallel_loops(copy))]
+    assert others and not any(s.var.name.startswith("task_offset") for loop in others
+                              for s in nodes(loop.body, tir_stmt.Bind))
+
+
+@pytest.mark.parametrize("workload, kernel", KERNELS[:2], ids=lambda value: getattr(value, "name", None))
+@pytest.mark.parametrize("heads", [3, 1 << 16], ids=["heads3", "past_exact"])
+@pytest.mark.parametrize("t", [1, 2, 3, 7])
+def test_kernels_read_and_write_attention_layouts_in_place(workload, kernel, heads, t):
+    """x, y and out as [B, H, T, *] views of [batch, time, heads, depth] arrays: batch strides that are
+    not the compact ones, so each offset's stride for the quotient (s0 - H * s1) is not zero."""
+    executable, _ = _built(workload, kernel)
+    dims = workload.dims_at((t,))
+    rng = np.random.default_rng(t)
+    x, y = (rng.uniform(-1, 1, (2, rows, heads, columns)).astype(np.float32).transpose(0, 2, 1, 3)
+            for rows, columns in ((dims["m"], dims["k"]), (dims["k"], dims["n"])))
+    out = np.full((2, dims["m"], heads, dims["n"]), np.nan, np.float32).transpose(0, 2, 1, 3)
+    executable["main"](tvm_ffi.from_dlpack(x), tvm_ffi.from_dlpack(y), 0.75, tvm_ffi.from_dlpack(out))
+    np.testing.assert_allclose(out, 0.75 * np.matmul(x.astype(np.float64), y.astype(np.float64)),
                                rtol=1e-5, atol=1e-5)

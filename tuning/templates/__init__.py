@@ -40,8 +40,9 @@ import importlib
 # 31: a parallel task splits its index by symbolic batch dims once, by a reciprocal's multiply (task_division);
 # 32: copies for a dynamic reduction's sizes 1-5 only (compile time);
 # 33: the copies left unsimplified (their partial column tiles' write-backs vector stores again), and a
-# remainder's row counts copied only where its scope allows them).
-TEMPLATES_VERSION = 33
+# remainder's row counts copied only where its scope allows them);
+# 34: in the copies for small sizes, each operand's per-task offset is one linear form (task_division).
+TEMPLATES_VERSION = 34
 
 import functools
 
