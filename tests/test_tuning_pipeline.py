@@ -237,6 +237,13 @@ def test_dispatch_between_samples_follows_the_finalists_timed_there():
     assert search.between_shapes([(1,), (10,), (100,)]) == [(3,), (32,)]  # timed at M = 32
 
 
+def test_a_variable_with_nothing_between_its_samples_keeps_them_in_the_shapes_between():
+    """Two shape variables, one ranging over 1-2: the other's midpoints at each of its values."""
+    assert search.between_shapes([(m, b) for m in (1, 10, 100) for b in (1, 2)]) == [
+        (3, 1), (3, 2), (32, 1), (32, 2)]
+    assert search.between_shapes([(1, 1), (2, 1)]) == []
+
+
 def test_dispatch_prefers_small_row_tiles_for_small_m():
     kernels = [MicroKernel(1, 16, 32, 1, True), MicroKernel(8, 16, 32, 1, True)]
     shapes = [(1,), (2,), (50,), (100,)]

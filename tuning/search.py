@@ -65,13 +65,16 @@ def sample_shapes(workload: Workload, count: int) -> list[tuple[int, ...]]:
 
 def between_shapes(shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     """Per shape variable, the geometric midpoint of each pair of consecutive sample values (those not
-    sampled already); every combination across variables. The finalists are timed there too (search)."""
-    axes = []
+    sampled already), or its sample values where it has none between them (a range of 1-2); every
+    combination across variables, so long as one variable has midpoints. The finalists are timed
+    there too (search)."""
+    axes, between = [], False
     for values in zip(*shapes):
         ordered = sorted(set(values))
-        midpoints = {int(round(math.sqrt(max(a, 1) * b))) for a, b in zip(ordered, ordered[1:])}
-        axes.append(sorted(midpoints - set(ordered)))
-    return list(itertools.product(*axes)) if shapes and all(axes) else []
+        midpoints = {int(round(math.sqrt(max(a, 1) * b))) for a, b in zip(ordered, ordered[1:])} - set(ordered)
+        axes.append(sorted(midpoints) or ordered)
+        between = between or bool(midpoints)
+    return list(itertools.product(*axes)) if between else []
 
 
 def _neighbours(kernel, values: dict[str, list], rng: random.Random):
