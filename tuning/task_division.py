@@ -55,7 +55,8 @@ def _at_most(numerator, bounded: list) -> bool:
 def _divide_by_reciprocal(loop: tir_stmt.For) -> tir_stmt.Stmt:
     """The parallel loop with each division of its index by an invariant divisor done once per task,
     at the top of its body, as a multiply where exact, after the bindings of each divisor's
-    reciprocal and of whether it is exact for this loop."""
+    reciprocal and of whether it is exact for this loop; in tasks of fixed work, also the operands'
+    offsets as linear forms in the index and the quotients (_linear_in_the_task)."""
     inner = defined_vars(loop)
     bounded = [loop.loop_var]  # the index, and the remainders of it made below
     divisors: list = []  # [(divisor, reciprocal, exact)], one per distinct divisor
