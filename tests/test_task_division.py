@@ -30,6 +30,10 @@ def _task_divisions(body, task: tirx.Var) -> list:
             and any(v.same_as(task) for v in nodes(node.a, tirx.Var))]
 
 
+def _parallel_loops(body) -> list:
+    return [loop for loop in nodes(body, tir_stmt.For) if loop.kind == tir_stmt.ForKind.PARALLEL]
+
+
 @functools.cache
 def _built(workload, kernel):
     """Each kernel compiled once for the tests below: (the executable, its "main" after the pass)."""
@@ -39,7 +43,7 @@ def _built(workload, kernel):
 @pytest.mark.parametrize("workload, kernel", KERNELS, ids=lambda value: getattr(value, "name", None))
 def test_each_task_divides_once(workload, kernel):
     _, main = _built(workload, kernel)
-    parallel = [loop for loop in nodes(main.body, tir_stmt.For) if loop.kind == tir_stmt.ForKind.PARALLEL]
+    parallel = _parallel_loops(main.body)
     assert parallel
     for loop in parallel:
         quotients = [s for s in nodes(loop.body, tir_stmt.Bind) if s.var.name.startswith("task_quotient")]
@@ -68,10 +72,6 @@ def test_kernels_compute_the_product_with_heads(workload, kernel, batches, heads
     executable["main"](*arguments)
     np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
                                rtol=1e-5, atol=1e-5)
-
-
-def _parallel_loops(body) -> list:
-    return [loop for loop in nodes(body, tir_stmt.For) if loop.kind == tir_stmt.ForKind.PARALLEL]
 
 
 def _reads_a_quotient(node) -> bool:
