@@ -545,10 +545,13 @@ def test_rpc_runner_measures_through_a_tracker(rpc_tracker, workload):
     from tf_dietcode.tuning.runner import RPCRunner
 
     runner = RPCRunner(hardware.detect(), "127.0.0.1", rpc_tracker.port, "test-cpu", repeats=2, min_repeat_ms=1)
+    measure.symbolic_kernel.cache_clear()
     result = search.search(workload, hardware.detect(), runner, search.SearchOptions(trials=3, batch=3, samples=2),
                            progress=False)
     assert len(result.measurements) == 3 * len(result.sample_shapes + search.between_shapes(result.sample_shapes))
     assert all(r.seconds and r.seconds > 0 and r.error is None for r in result.measurements)
+    # the three kernels, timed again as finalists, were compiled once
+    assert measure.symbolic_kernel.cache_info()[:2] == (3, 3)  # (hits, misses)
 
 
 def test_plain_computations_match_the_references(rng):

@@ -150,7 +150,7 @@ class RPCRunner:
             for index, kernel in enumerate(kernels):
                 try:
                     library = f"{scratch}/kernel{index}.so"
-                    measure.compile_kernel(workload, kernel, self.hw).export_library(library)
+                    measure.symbolic_kernel(workload, kernel, self.hw).export_library(library)
                     session.upload(library)
                     loaded.append((kernel, session.load_module(f"kernel{index}.so")))
                 except Exception as error:  # noqa: BLE001 - a failed candidate is data

@@ -32,7 +32,7 @@ def run_job(job: dict) -> None:
     for index, kernel in enumerate(kernels):
         _emit({"busy": index})
         try:
-            compiled.append((index, kernel, measure.compile_kernel(workload, kernel, hw).mod))
+            compiled.append((index, kernel, measure.symbolic_kernel(workload, kernel, hw).mod))
         except Exception as error:  # noqa: BLE001 - a kernel that fails to build is a record
             records += [measure.Measurement.failed(kernel, shape, error) for shape in shapes]
     records += measure.measure_modules(
