@@ -169,8 +169,10 @@ def save_dense_model(path, rng, activation=tf.nn.relu) -> tf.Module:
     return layer
 
 
-# No finalists measured again (search.QUICK's reason); test_quick_tune_writes_a_checked_bundle keeps them.
-TINY_TUNING_OPTIONS = dict(trials=4, batch=4, samples=3, finalists=0)
+# For the tests of rewrites and ops, whose kernels need only be right: two kernels per workload (each compile
+# costs 1-5 s; four took horizontal fusion's fixture 90 s, two 52 s), no finalists measured again (search.QUICK's
+# reason). test_quick_tune_writes_a_checked_bundle and the tuned_bundle fixture tune more.
+TINY_TUNING_OPTIONS = dict(trials=2, batch=2, samples=3, finalists=0)
 ENCODER_RANGES = {"x": [(1, 2), (1, 12), 32]}
 
 
