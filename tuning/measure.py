@@ -24,8 +24,8 @@ import numpy as np
 import tvm
 
 from tf_dietcode.tuning import (guarded_loops, overlapping_tiles, prefetch_panel, register_tiles, remainder_rows,
-                                 small_reductions, task_division, task_scratch, templates, transpose_in_registers,
-                                 vector_write_backs)
+                                 row_pointers, small_reductions, task_division, task_scratch, templates,
+                                 transpose_in_registers, vector_write_backs)
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -83,13 +83,15 @@ def _pipeline():
     left with constant extents or stopping at N), RegisterTiles (after StorageRewrite merged the
     partitions' accumulators), SpecializeRemainderRows, VectorWriteBacks (on the write-backs
     whose rows SpecializeRemainderRows made constant), PrefetchNextPanel and AllocatePerTask
-    (before LowerTVMBuiltin, in the finalizing passes, turns tiles into workspace calls), and
-    DivideTaskIndexByReciprocal (on the parallel loops, the copies' too)."""
+    (before LowerTVMBuiltin, in the finalizing passes, turns tiles into workspace calls),
+    DivideTaskIndexByReciprocal (on the parallel loops, the copies' too) and OwnRowPointers (last: on
+    the final index expressions)."""
     lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
     ours = [small_reductions.VersionSmallReductions, guarded_loops.ShrinkGuardedLoops,
             overlapping_tiles.OverlapPartialTiles, transpose_in_registers.TransposeInRegisters,
             register_tiles.RegisterTiles, remainder_rows.SpecializeRemainderRows, vector_write_backs.VectorWriteBacks,
-            prefetch_panel.PrefetchNextPanel, task_scratch.AllocatePerTask, task_division.DivideTaskIndexByReciprocal]
+            prefetch_panel.PrefetchNextPanel, task_scratch.AllocatePerTask, task_division.DivideTaskIndexByReciprocal,
+            row_pointers.OwnRowPointers]
     return tvm.transform.Sequential([lower, *ours]), finalize_host, finalize_device
 
 

@@ -41,8 +41,9 @@ import importlib
 # 32: copies for a dynamic reduction's sizes 1-5 only (compile time);
 # 33: the copies left unsimplified (their partial column tiles' write-backs vector stores again), and a
 # remainder's row counts copied only where its scope allows them);
-# 34: in the copies for small sizes, each operand's per-task offset is one linear form (task_division).
-TEMPLATES_VERSION = 34
+# 34: in the copies for small sizes, each operand's per-task offset is one linear form (task_division);
+# 35: loops reading 5 or more rows of an operand in place take a pointer per row (row_pointers).
+TEMPLATES_VERSION = 35
 
 import functools
 

@@ -1,0 +1,85 @@
+"""OwnRowPointers: in symbolic kernels, the loops that read 5 or more of x's rows a symbolic stride
+apart read each row through its own (laundered) pointer; static builds and smaller tiles keep their
+loads; the kernels so built compute the product, also on attention's layouts read in place."""
+
+import functools
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import sym, tirx
+from tvm.tirx import stmt as tir_stmt
+
+from lowered_kernels import assert_computes_the_product, build_seen_after, nodes
+from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.row_pointers import MIN_ROWS
+from tf_dietcode.tuning.workload import Workload
+
+PASS = "tf_dietcode.OwnRowPointers"
+NN = Workload("batch_matmul", (1, 24), 32, (1, 24), b=(1, 6), transpose_b=False, ties=("m", "k"))
+NT = Workload("batch_matmul", (1, 24), (1, 24), 16, b=(1, 6), ties=("m", "n"))
+SIX_ROWS = MicroKernel(6, 16, 32, 1, False, whole_batch=True)
+FIVE_ROWS = MicroKernel(5, 8, 16, 1, False)
+FOUR_ROWS = MicroKernel(4, 16, 32, 1, False, whole_batch=True)
+
+
+@functools.cache
+def _built(workload, kernel, t=None):
+    """(the kernel compiled symbolic, or for T = t; its "main" after the pass)."""
+    return build_seen_after(PASS, workload, kernel, None if t is None else workload.dims_at((t,)))
+
+
+def _laundered(body) -> list:
+    """The buffers declared on a laundered row address."""
+    return [d for d in nodes(body, tir_stmt.DeclBuffer) if "llvm.launder.invariant.group" in str(d.data)]
+
+
+def _rows_read_in_place(loop: tir_stmt.For) -> int:
+    """How many x rows (bases a symbolic distance apart) the loop reads at base + its variable."""
+    bases = []
+    for load in nodes(loop.body, tvm.ir.TensorLoad):
+        if load.source.name.startswith("x") and not isinstance(load.indices[0], tirx.Ramp):
+            scale, base = sym.detect_linear_equation(load.indices[0], [loop.loop_var]) or (None, None)
+            if isinstance(scale, tirx.IntImm) and int(scale) == 1 and not any(
+                    tvm_ffi.structural_equal(base, b) for b in bases):
+                bases.append(base)
+    return len(bases)
+
+
+@pytest.mark.parametrize("workload, kernel", [(NN, SIX_ROWS), (NN, FIVE_ROWS), (NT, SIX_ROWS)],
+                         ids=["nn_6_rows", "nn_5_rows", "nt_6_rows"])
+def test_loops_over_many_rows_read_each_through_its_own_pointer(workload, kernel):
+    _, main = _built(workload, kernel)
+    loops = [loop for loop in nodes(main.body, tir_stmt.For) if loop.kind == tir_stmt.ForKind.SERIAL]
+    assert len(_laundered(main.body)) >= kernel.tile_m  # at least the whole row tiles' reduction
+    assert loops and all(_rows_read_in_place(loop) < MIN_ROWS for loop in loops)
+
+
+@pytest.mark.parametrize("workload, kernel, t", [(NN, FOUR_ROWS, None), (NN, SIX_ROWS, 17), (NT, SIX_ROWS, 17)],
+                         ids=["four_rows", "nn_static", "nt_static"])
+def test_fewer_rows_and_static_builds_keep_their_loads(workload, kernel, t):
+    """Four rows: LLVM keeps a pointer per row itself. Static: rows a constant distance apart."""
+    _, main = _built(workload, kernel, t)
+    assert not _laundered(main.body)
+
+
+@pytest.mark.parametrize("workload, kernel", [(NN, SIX_ROWS), (NN, FIVE_ROWS), (NT, SIX_ROWS)],
+                         ids=["nn_6_rows", "nn_5_rows", "nt_6_rows"])
+def test_kernels_compute_the_product(workload, kernel):
+    executable, _ = _built(workload, kernel)
+    assert_computes_the_product(executable, workload, kernel, [1, 2, 4, 5, 6, 7, 11, 12, 13, 23, 24])
+
+
+@pytest.mark.parametrize("t", [1, 5, 7, 24])
+def test_kernels_read_attention_layouts_in_place(t):
+    """x as a [B, H, T, K] view of [batch, time, heads, depth]: rows a stride of heads * depth apart."""
+    executable, _ = _built(NN, SIX_ROWS)
+    dims = NN.dims_at((t,))
+    rng = np.random.default_rng(t)
+    x, y = (rng.uniform(-1, 1, (2, rows, 3, columns)).astype(np.float32).transpose(0, 2, 1, 3)
+            for rows, columns in ((dims["m"], dims["k"]), (dims["k"], dims["n"])))
+    out = np.full((2, dims["m"], 3, dims["n"]), np.nan, np.float32).transpose(0, 2, 1, 3)
+    executable["main"](tvm_ffi.from_dlpack(x), tvm_ffi.from_dlpack(y), 0.75, tvm_ffi.from_dlpack(out))
+    np.testing.assert_allclose(out, 0.75 * np.matmul(x.astype(np.float64), y.astype(np.float64)),
+                               rtol=1e-5, atol=1e-5)

@@ -1,0 +1,86 @@
+"""A TIR pass that gives each row of an operand an inner loop reads its own pointer where the rows are
+a symbolic stride apart, so that LLVM does not derive their addresses from one another in the loop.
+
+Batch matmul reads x in place, one element of each of the register tile's rows per K step,
+at x + row * stride + k with a symbolic stride. For tiles of 5 and 6 rows, LLVM's loop strength
+reduction (LSR) kept one induction variable and rebuilt the other rows' addresses from it with a
+chain of 4-5 `lea`/`add` per two K steps (the static build reads through immediate offsets).
+NN's symbolic `m6_n16_k128_t1_ki_b` ran 1.44 / 1.21 / 1.05 / 1.04 times its static build's
+time at T = 9 / 17 / 43 / 128. LLVM's `-disable-lsr` removed the chain but slowed other
+kernels by 3-14% (session 53).
+
+Here each row's base address goes through `llvm.launder.invariant.group`, which LSR sees as
+an opaque value and CodeGenPrepare (after LSR) removes, so the loop keeps one pointer per row and
+one shared index: the same kernel ran 1.27 / 1.15 / 1.01 / 0.97 times its static build's time
+(Zen 3 VM, 2 threads, 31 interleaved rounds). Only loops reading MIN_ROWS or more rows this way are
+rewritten: with 4 rows LSR already kept a pointer per row (`m4_n16_k128_t1_ki_b`'s K loop
+compiled to the same instructions either way). Rows a constant distance apart are left alone:
+LLVM reads them at immediate offsets from one pointer, as in static builds.
+"""
+
+import tvm
+import tvm_ffi
+from tvm import sym, tirx
+from tvm.tirx import stmt as tir_stmt
+
+from tf_dietcode.tuning.guarded_loops import defined_vars, rebuild_loops, sequence, uses, with_body
+
+MIN_ROWS = 5
+_POINTER = tvm.ir.PointerType(tvm.ir.PrimType("float32"), "global")
+
+
+def _row_base(load, loop: tir_stmt.For, inner: list):
+    """The base address b of a scalar load at b + k (k: the loop's variable; b: not defined in the
+    loop), or None."""
+    if len(load.indices) != 1 or isinstance(load.indices[0], tirx.Ramp) or load.source.dtype != "float32":
+        return None
+    index = load.indices[0]
+    if index.ty.dtype != "int64" or not uses(index, [loop.loop_var]):
+        return None
+    scale, base = sym.detect_linear_equation(index, [loop.loop_var]) or (None, None)
+    if not (isinstance(scale, tirx.IntImm) and int(scale) == 1) or uses(base, [*inner, loop.loop_var]):
+        return None
+    return base
+
+
+def _own_row_pointers(loop: tir_stmt.For, _enclosing) -> tir_stmt.Stmt:
+    if loop.kind != tir_stmt.ForKind.SERIAL:
+        return loop
+    inner = defined_vars(loop.body)
+    rows: dict = {}  # buffer -> [(base, row buffer)]
+
+    def collect(load):
+        base = _row_base(load, loop, inner)
+        if base is not None and not any(tvm_ffi.structural_equal(base, b) for b, _ in rows.get(load.source, [])):
+            rows.setdefault(load.source, []).append(
+                (base, tirx.decl_buffer((loop.min + loop.extent,), "float32", f"{load.source.name}_row")))
+
+    tvm_ffi.structural_walk(loop.body, (tvm.ir.TensorLoad, collect))
+    rows = {source: bases for source, bases in rows.items()
+            if len(bases) >= MIN_ROWS and _apart_by_variables([b for b, _ in bases])}
+    if not rows:
+        return loop
+
+    def through_row(load):
+        base = _row_base(load, loop, inner) if load.source in rows else None
+        if base is None:
+            return load
+        row = next(row for b, row in rows[load.source] if tvm_ffi.structural_equal(base, b))
+        return tirx.BufferLoad(row, [loop.loop_var])  # the index is base + the loop's variable
+
+    body = tvm_ffi.structural_map(loop.body, [(tvm.ir.TensorLoad, through_row)])
+    declared = [tir_stmt.DeclBuffer(row, data=tirx.reinterpret(_POINTER, tirx.call_llvm_pure_intrin(
+        "handle", "llvm.launder.invariant.group", tirx.address_of(tirx.BufferLoad(source, [base])))))
+        for source, bases in rows.items() for base, row in bases]
+    return sequence([*declared, with_body(loop, body)])
+
+
+def _apart_by_variables(bases: list) -> bool:
+    """Whether some row is not a constant distance from the first (a symbolic stride)."""
+    analyzer = sym.Analyzer()
+    return any(not isinstance(analyzer.simplify(base - bases[0]), tirx.IntImm) for base in bases[1:])
+
+
+@tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.OwnRowPointers")
+def OwnRowPointers(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:  # noqa: N802 (TVM pass naming)
+    return func.with_body(rebuild_loops(func.body, _own_row_pointers))
