@@ -67,3 +67,16 @@ def assert_computes_the_product(executable, workload: Workload, kernel: MicroKer
         executable["main"](*arguments)
         np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
                                    rtol=1e-5, atol=1e-5, err_msg=f"T={t}")
+
+
+def assert_computes_on_attention_layouts(executable, workload: Workload, t: int, heads: int) -> None:
+    """x, y and out as [B, H, T, *] views of [batch, time, heads, depth] arrays (2 batches), read and
+    written in place: strides that are not the compact ones. Against the float64 product, alpha 0.75."""
+    dims = workload.dims_at((t,))
+    rng = np.random.default_rng(t)
+    x, y = (rng.uniform(-1, 1, (2, rows, heads, columns)).astype(np.float32).transpose(0, 2, 1, 3)
+            for rows, columns in ((dims["m"], dims["k"]), (dims["k"], dims["n"])))
+    out = np.full((2, dims["m"], heads, dims["n"]), np.nan, np.float32).transpose(0, 2, 1, 3)
+    executable["main"](tvm_ffi.from_dlpack(x), tvm_ffi.from_dlpack(y), 0.75, tvm_ffi.from_dlpack(out))
+    np.testing.assert_allclose(out, 0.75 * np.matmul(x.astype(np.float64), y.astype(np.float64)),
+                               rtol=1e-5, atol=1e-5)

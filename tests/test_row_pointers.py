@@ -4,14 +4,14 @@ loads; the kernels so built compute the product, also on attention's layouts rea
 
 import functools
 
-import numpy as np
 import pytest
 import tvm
 import tvm_ffi
 from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
-from lowered_kernels import assert_computes_the_product, build_seen_after, nodes
+from lowered_kernels import (assert_computes_on_attention_layouts, assert_computes_the_product, build_seen_after,
+                             nodes)
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.row_pointers import MIN_ROWS
 from tf_dietcode.tuning.workload import Workload
@@ -74,12 +74,4 @@ def test_kernels_compute_the_product(workload, kernel):
 @pytest.mark.parametrize("t", [1, 5, 7, 24])
 def test_kernels_read_attention_layouts_in_place(t):
     """x as a [B, H, T, K] view of [batch, time, heads, depth]: rows a stride of heads * depth apart."""
-    executable, _ = _built(NN, SIX_ROWS)
-    dims = NN.dims_at((t,))
-    rng = np.random.default_rng(t)
-    x, y = (rng.uniform(-1, 1, (2, rows, 3, columns)).astype(np.float32).transpose(0, 2, 1, 3)
-            for rows, columns in ((dims["m"], dims["k"]), (dims["k"], dims["n"])))
-    out = np.full((2, dims["m"], 3, dims["n"]), np.nan, np.float32).transpose(0, 2, 1, 3)
-    executable["main"](tvm_ffi.from_dlpack(x), tvm_ffi.from_dlpack(y), 0.75, tvm_ffi.from_dlpack(out))
-    np.testing.assert_allclose(out, 0.75 * np.matmul(x.astype(np.float64), y.astype(np.float64)),
-                               rtol=1e-5, atol=1e-5)
+    assert_computes_on_attention_layouts(_built(NN, SIX_ROWS)[0], NN, t, heads=3)

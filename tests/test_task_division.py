@@ -8,11 +8,10 @@ import functools
 
 import numpy as np
 import pytest
-import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from lowered_kernels import build_seen_after, nodes, small_reduction_copies
+from lowered_kernels import assert_computes_on_attention_layouts, build_seen_after, nodes, small_reduction_copies
 from tf_dietcode.tuning import templates
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -106,12 +105,4 @@ def test_small_copies_bind_each_operands_offset_once_per_task():
 def test_kernels_read_and_write_attention_layouts_in_place(workload, kernel, heads, t):
     """x, y and out as [B, H, T, *] views of [batch, time, heads, depth] arrays: batch strides that are
     not the compact ones, so each offset's stride for the quotient (s0 - H * s1) is not zero."""
-    executable, _ = _built(workload, kernel)
-    dims = workload.dims_at((t,))
-    rng = np.random.default_rng(t)
-    x, y = (rng.uniform(-1, 1, (2, rows, heads, columns)).astype(np.float32).transpose(0, 2, 1, 3)
-            for rows, columns in ((dims["m"], dims["k"]), (dims["k"], dims["n"])))
-    out = np.full((2, dims["m"], heads, dims["n"]), np.nan, np.float32).transpose(0, 2, 1, 3)
-    executable["main"](tvm_ffi.from_dlpack(x), tvm_ffi.from_dlpack(y), 0.75, tvm_ffi.from_dlpack(out))
-    np.testing.assert_allclose(out, 0.75 * np.matmul(x.astype(np.float64), y.astype(np.float64)),
-                               rtol=1e-5, atol=1e-5)
+    assert_computes_on_attention_layouts(_built(workload, kernel)[0], workload, t, heads)
