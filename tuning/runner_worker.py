@@ -1,14 +1,17 @@
 """Child process of LocalRunner: compiles and measures the kernels of each job it is sent.
 
 Reads one JSON job per line on stdin until it closes. Compiles every kernel of the
-job, then measures them together (measure.measure_modules: repeats interleaved
-across kernels). Before each step of a kernel's work it writes {"busy": index}, so
+job, one per core at a time, then measures them together (measure.measure_modules:
+repeats interleaved across kernels). Whenever the kernels at work change it writes
+{"busy": [index, ...]} (in the order they started; one at a time while measuring), so
 that the parent knows which kernel hung or crashed; then one JSON line per
 (kernel, shape) record and {"done": count}, flushing as it goes.
 """
 
 import json
 import sys
+import threading
+from collections.abc import Callable
 
 import numpy as np
 import tvm
@@ -18,9 +21,44 @@ from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
 
 
+_EMITTING = threading.Lock()  # one line at a time from the compiling threads
+
+
 def _emit(record: dict) -> None:
-    sys.stdout.write(json.dumps(record) + "\n")
-    sys.stdout.flush()
+    with _EMITTING:
+        sys.stdout.write(json.dumps(record) + "\n")
+        sys.stdout.flush()
+
+
+def compile_all(count: int, build: Callable[[int], object], threads: int,
+                emit: Callable[[dict], None] = _emit) -> list:
+    """build(i) for i < count on `threads` threads: each result or exception. Emits the kernels
+    being compiled whenever they change, so a hung compile is the only one left named
+    (a crash names the oldest one at work, perhaps a neighbour: it is then compiled again
+    without it, and crashes again if it was not the culprit)."""
+    at_work: list[int] = []
+    lock = threading.Lock()
+
+    def tracked(index: int):
+        with lock:
+            at_work.append(index)
+            emit({"busy": list(at_work)})
+        try:
+            return build(index)
+        finally:
+            with lock:
+                at_work.remove(index)
+                if at_work:
+                    emit({"busy": list(at_work)})
+
+    return measure.in_threads(tracked, range(count), threads)
+
+
+def _jitted(module):
+    """The module, its machine code generated now (LLVM makes it at the first lookup of a function:
+    15-50% of a kernel's compile), so that it is made on the compiling threads."""
+    module["main"]
+    return module
 
 
 def run_job(job: dict) -> None:
@@ -29,17 +67,18 @@ def run_job(job: dict) -> None:
     shapes = [tuple(shape) for shape in job["shapes"]]
     kernels = [MicroKernel(**fields) for fields in job["kernels"]]
     compiled, records = [], []
-    for index, kernel in enumerate(kernels):
-        _emit({"busy": index})
-        try:
-            compiled.append((index, kernel, measure.symbolic_kernel(workload, kernel, hw).mod))
-        except Exception as error:  # noqa: BLE001 - a kernel that fails to build is a record
-            records += [measure.Measurement.failed(kernel, shape, error) for shape in shapes]
+    builds = compile_all(len(kernels), lambda i: _jitted(measure.symbolic_kernel(workload, kernels[i], hw).mod),
+                         hw.cores)
+    for index, (kernel, build) in enumerate(zip(kernels, builds)):
+        if isinstance(build, Exception):  # a kernel that fails to build is a record
+            records += [measure.Measurement.failed(kernel, shape, build) for shape in shapes]
+        else:
+            compiled.append((index, kernel, build))
     records += measure.measure_modules(
         [(kernel, module) for _, kernel, module in compiled], tvm.cpu(), workload, shapes,
         np.random.default_rng(job["seed"]), job["repeats"], job["min_repeat_ms"],
         {tuple(shape): seconds for shape, seconds in job["best"]},
-        on_step=lambda position: _emit({"busy": compiled[position][0]}))
+        on_step=lambda position: _emit({"busy": [compiled[position][0]]}))
     for record in records:
         _emit(record.to_json())
     _emit({"done": len(kernels)})
