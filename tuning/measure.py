@@ -128,6 +128,13 @@ def in_threads(function: Callable, items: Iterable, threads: int) -> list:
         return list(pool.map(attempt, items))
 
 
+def jitted(module):
+    """The module, its machine code generated now: LLVM makes it at the first lookup of a function
+    (15-50% of a kernel's compile), so a thread that compiles kernels for later runs looks one up."""
+    module["main"]
+    return module
+
+
 KEPT_KERNELS = 128  # two default budgets (search.SearchOptions.trials): a run's finalists are among its last ones
 
 

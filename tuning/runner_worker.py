@@ -54,20 +54,13 @@ def compile_all(count: int, build: Callable[[int], object], threads: int,
     return measure.in_threads(tracked, range(count), threads)
 
 
-def _jitted(module):
-    """The module, its machine code generated now (LLVM makes it at the first lookup of a function:
-    15-50% of a kernel's compile), so that it is made on the compiling threads."""
-    module["main"]
-    return module
-
-
 def run_job(job: dict) -> None:
     workload = Workload.from_key(job["workload"])
     hw = hardware.detect()
     shapes = [tuple(shape) for shape in job["shapes"]]
     kernels = [MicroKernel(**fields) for fields in job["kernels"]]
     compiled, records = [], []
-    builds = compile_all(len(kernels), lambda i: _jitted(measure.symbolic_kernel(workload, kernels[i], hw).mod),
+    builds = compile_all(len(kernels), lambda i: measure.jitted(measure.symbolic_kernel(workload, kernels[i], hw).mod),
                          hw.cores)
     for index, (kernel, build) in enumerate(zip(kernels, builds)):
         if isinstance(build, Exception):  # a kernel that fails to build is a record
