@@ -201,11 +201,9 @@ def main(argv=None):
             args.out / "static" / f"w{w_index}_T{t}.so")
 
     (args.out / "static").mkdir(exist_ok=True)
-    static_builds = measure.in_threads(static_build, jobs, hw.cores)  # all before any timing
+    static_builds = measure.in_threads(static_build, jobs, hw.cores, strict=True)  # all before any timing
     timed = []
     for (w_index, name, workload, template, t, dims, _, operands), static_module in zip(jobs, static_builds):
-        if isinstance(static_module, Exception):
-            raise static_module
         dispatch = dispatches[w_index]
         index = dispatch.kernel_index(dims)
         kernel = dispatch.kernels[index]

@@ -120,6 +120,20 @@ def test_search_is_reproducible_and_resumes_from_the_database(tmp_path):
     assert resumed.measured == []  # everything was already in the database
 
 
+def test_search_ignores_records_of_kernels_its_space_no_longer_holds(tmp_path):
+    """A database written before the space shrank (templates' code unchanged) keeps records of
+    kernels the search would no longer try; they neither fill its budget nor win a shape."""
+    options = search.SearchOptions(trials=4, batch=4, samples=3, finalists=0)
+    database = Database(tmp_path / "db.jsonl")
+    outsider = MicroKernel(3, 8, 999, 1, True)
+    assert outsider not in micro_kernel.space(HW, WORKLOAD)
+    database.add(WORKLOAD, HW.name, [Measurement(outsider, shape, 1e-9)
+                                     for shape in search.sample_shapes(WORKLOAD, options.samples)])
+    runner = FormulaRunner()
+    result = search.search(WORKLOAD, HW, runner, options, database, progress=False)
+    assert len(runner.measured) == 4 and outsider not in {r.kernel for r in result.measurements}
+
+
 class LevelRunner(FormulaRunner):
     """'Measures' synthetic_seconds at a level that changes from batch to batch (the VM's moments)."""
 
@@ -446,6 +460,16 @@ def test_repeats_are_interleaved_across_kernels_and_shapes():
         (kernels[0], (3,), 0.001), (kernels[0], (8,), 0.001), (kernels[1], (3,), 0.002), (kernels[1], (8,), None)]
     assert "ZeroDivisionError" in records[3].error and good.timers == [5, 5] and bad.timers == [5, 1]
     assert steps == [0, 1, 0, 1] + [0, 1, 0, 1] * 2 + [0, 1, 0] * 3  # warm-ups by shape, then rounds
+
+
+def test_work_in_threads_returns_each_result_or_error_in_order():
+    def reciprocal(x):
+        return 1 / x
+
+    results = measure.in_threads(reciprocal, [4, 0, 2], 2)
+    assert results[0] == 0.25 and isinstance(results[1], ZeroDivisionError) and results[2] == 0.5
+    with pytest.raises(ZeroDivisionError):
+        measure.in_threads(reciprocal, [4, 0, 2], 2, strict=True)
 
 
 def test_a_hung_compile_is_the_kernel_the_worker_names_last():

@@ -110,11 +110,7 @@ def _kernel_objects(dispatches: list[Dispatch], hw: Hardware, directory: pathlib
         executable.mod.write_to_file(str(directory / f"kernels{index}.o"))
         return directory / f"kernels{index}.o"
 
-    objects = measure.in_threads(compiled, range(len(parts)), threads)
-    for obj in objects:
-        if isinstance(obj, Exception):
-            raise obj
-    return objects
+    return measure.in_threads(compiled, range(len(parts)), threads, strict=True)
 
 
 def build_bundle(dispatches: list[Dispatch], hw: Hardware, directory: str | pathlib.Path,

@@ -33,9 +33,9 @@ def _emit(record: dict) -> None:
 def compile_all(count: int, build: Callable[[int], object], threads: int,
                 emit: Callable[[dict], None] = _emit) -> list:
     """build(i) for i < count on `threads` threads: each result or exception. Emits the kernels
-    being compiled whenever they change, so a hung compile is the only one left named
-    (a crash names the oldest one at work, perhaps a neighbour: it is then compiled again
-    without it, and crashes again if it was not the culprit)."""
+    being compiled whenever they change, so a hung compile ends up the only one named. A crash
+    names the oldest one at work, which may be an innocent neighbour: the runner drops that one
+    and compiles the rest again, and the culprit crashes again until it is the one named."""
     at_work: list[int] = []
     lock = threading.Lock()
 

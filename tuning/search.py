@@ -117,7 +117,8 @@ def search(workload: Workload, hw, runner, options: SearchOptions = SearchOption
     between = between_shapes(shapes)
     model = CostModel(workload, hw, options.seed)
     timed_at = {*shapes, *between}
-    measurements = [r for r in database.measurements(workload, hw.name, hw.kernel_type) if r.shape in timed_at]
+    measurements = [r for r in database.measurements(workload, hw.name, hw.kernel_type)
+                    if r.shape in timed_at and r.kernel in space_set]  # the space may have shrunk since
     measured = {r.kernel for r in measurements}
     model.fit(measurements)
     trials = min(options.trials, len(space_list))
