@@ -7,9 +7,10 @@ resumed: the CSV says whether the tuning times started from empty databases),
 then at each T times TF's op in-graph (MatMul+BiasAdd, BatchMatMulV2), the
 bundle's dispatched kernel (TVM's time_evaluator: no Python in the loop),
 the same micro-kernel compiled for that static shape and the largest-shape
-baseline's kernel, these three in interleaved rounds (tvm_seconds); TF is
-timed again after the kernels and the faster timing kept (tf_seconds). Writes
-tuned_kernels.csv and tuned_kernels.png; prints tuning time and speed-ups.
+baseline's kernel, these three in interleaved rounds (tvm_seconds), each
+loaded from a library (the last two from <out>/static and <out>/largest_shape_w*.so);
+TF is timed again after the kernels and the faster timing kept (tf_seconds).
+Writes tuned_kernels.csv and tuned_kernels.png; prints tuning time and speed-ups.
 The Nimble-like baseline (tune the largest shape only, use its best kernel for
 every T) runs beside it with the same budget. --workloads keeps the workloads
 whose names start with one of the prefixes (e.g. bmm_nt), to measure again
