@@ -544,9 +544,11 @@ def test_a_bundle_links_the_objects_of_its_compiling_threads(tmp_path, monkeypat
     kernels = micro_kernel.space(hardware.detect(), workload)[:3]
     shapes = workload.all_shapes()
     thirds = np.array([min(m // 7, 2) for m, _ in shapes])  # kernel i is the fastest in its third of M
-    tree = dispatch.fit_tree(workload, kernels, shapes, np.array([1.0 + (thirds == i) for i in range(3)]))
+    by_thirds = dispatch.fit_tree(workload, kernels, shapes, np.array([1.0 + (thirds == i) for i in range(3)]))
     monkeypatch.setattr(hardware, "detect", lambda real=hardware.detect(): dataclasses.replace(real, cores=8))
-    manifest = bundle.build_bundle([tree], hardware.detect(), tmp_path / "bundle", [[(1, 1), (20, 20)]])
+    samples = [(1, 1), (10, 5), (20, 20)]  # one in each third, so the bundle's check runs all three kernels
+    assert sorted({by_thirds.kernel_index(workload.dims_at(s)) for s in samples}) == [0, 1, 2]
+    manifest = bundle.build_bundle([by_thirds], hardware.detect(), tmp_path / "bundle", [samples])
     module = tvm.runtime.load_module(str(tmp_path / "bundle" / bundle.LIBRARY))
     assert len(manifest["workloads"][0]["kernels"]) == 3
     assert all(module[k["symbol"]] is not None for k in manifest["workloads"][0]["kernels"])
