@@ -1,5 +1,7 @@
 // Tuned kernel bundles (written by tf_dietcode.tuning.bundle) inside the op
 // library: found by path, checked, loaded once per process, then immutable.
+// So a path names one bundle for the life of the process: tf_dietcode writes
+// bundles under names derived from their content (bundle_store.py).
 //
 // A bundle is a manifest.json beside a kernels.so. Before the library is
 // loaded the manifest must parse, have the known format, target this CPU

@@ -2,7 +2,9 @@
 interrupt while the output is written, an unwritable output location, an
 output overlapping the input, or the process killed mid-write: the input is
 byte-identical, the output is absent or still the previous one (a
-half-written directory never takes its name), and a later optimize() works."""
+half-written directory never takes its name), and a later optimize() works. A
+model optimized over an output this process has already loaded runs its own
+bundle."""
 
 import dataclasses
 import errno
@@ -20,6 +22,7 @@ from tensorflow.python.lib.io import file_io
 import tf_dietcode
 from conftest import TINY_TUNING_OPTIONS, save_dense_model
 from file_modes import python_command
+import tuned_calls
 from tf_dietcode.tuning import search
 from tf_dietcode.tuning.database import Database
 
@@ -33,14 +36,17 @@ class Model:
     converter: tf_dietcode.Converter  # built once
     layer: tf.Module
 
-    def optimize(self, output):
-        return tf_dietcode.optimize(self.input, output, shape_ranges=RANGES, overwrite=True,
+    def optimize(self, output, ranges=RANGES):
+        return tf_dietcode.optimize(self.input, output, shape_ranges=ranges, overwrite=True,
                                     tuning=search.SearchOptions(**TINY_TUNING_OPTIONS), database=Database(self.database))
 
-    def assert_serves(self, output):
-        x = np.random.default_rng(1).uniform(-1, 1, (5, 16)).astype(np.float32)
-        served = tf.saved_model.load(str(output)).signatures["serving_default"](x=x)["out"]
+    def assert_serves(self, output, rows=5):
+        """Loads the optimized model and checks it at x[rows, 16]; returns the model."""
+        x = np.random.default_rng(1).uniform(-1, 1, (rows, 16)).astype(np.float32)
+        loaded = tf.saved_model.load(str(output))
+        served = loaded.signatures["serving_default"](x=x)["out"]
         np.testing.assert_allclose(served, self.layer.serve(x)["out"], rtol=1e-5, atol=1e-5)
+        return loaded
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +169,21 @@ def test_an_output_overlapping_the_input_is_refused(model, tmp_path, output):
     with pytest.raises(ValueError, match="must neither be, hold nor sit inside the input"):
         tf_dietcode.Converter(tmp_path / "input").save(tmp_path / output, overwrite=True)
     assert digest(tmp_path) == before
+
+
+def test_an_output_replaced_in_one_process_runs_its_own_bundle(model, tmp_path):
+    """A process keeps every bundle it loads, so the bundle of a model optimized over one it has
+    loaded must not be taken for the one loaded before (it was, when both had the same file name:
+    20 rows, outside the first model's tuned rows 1..8, then ran the generic kernel)."""
+    output = tmp_path / "optimized"
+    model.optimize(output)
+    first = model.assert_serves(output)
+    model.optimize(output, ranges={"x": [(1, 32), 16]})
+    [manifest] = (output / "assets").glob("*.json")
+    before, generic_before = tuned_calls.calls(manifest)
+    model.assert_serves(output, rows=20)
+    after, generic_after = tuned_calls.calls(manifest)
+    assert (generic_after, sum(after.values())) == (generic_before, sum(before.values()) + 1)
+    x = np.ones((5, 16), np.float32)  # the model loaded first still serves, its library gone from disk
+    np.testing.assert_allclose(first.signatures["serving_default"](x=x)["out"], model.layer.serve(x)["out"],
+                               rtol=1e-5, atol=1e-5)

@@ -6,7 +6,10 @@ temporary directory Keras extracts a `.keras` file's assets into. The store
 keeps each bundle once, as `<digest>.json` and `<digest>.so` in one flat
 directory (`$TF_DIETCODE_CACHE`, default ~/.cache/tf_dietcode/bundles):
 names unique per bundle, so a SavedModel's assets/ can hold the bundles of
-several layers side by side.
+several layers side by side. optimize() names the bundle in its output's
+assets/ the same way: the op library keeps each bundle it loads for the life of
+the process, by path (and the dynamic loader each library by file name), so a
+path must never name a second bundle.
 """
 
 import hashlib
@@ -28,9 +31,9 @@ def files(manifest_path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.Path]
     return manifest_path, manifest_path.parent / library
 
 
-def install(manifest_path: str | os.PathLike) -> pathlib.Path:
+def install(manifest_path: str | os.PathLike, store: pathlib.Path | None = None) -> pathlib.Path:
     """The bundle whose manifest is at `manifest_path` (or in that directory),
-    copied into the store unless it is there; returns the stored manifest's path."""
+    copied into `store` (default: root()) unless it is there; returns the stored manifest's path."""
     manifest_path = pathlib.Path(manifest_path)
     if manifest_path.is_dir():  # as tune() writes it (TVM is loaded then anyway)
         from tf_dietcode.tuning.bundle import MANIFEST
@@ -40,7 +43,7 @@ def install(manifest_path: str | os.PathLike) -> pathlib.Path:
     # The library's own name is left out: a stored bundle installed again is the same bundle.
     identity = {key: value for key, value in manifest.items() if key != "library"}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
-    store = root()
+    store = root() if store is None else store
     stored = store / f"{digest}.json"
     if stored.exists():
         return stored

@@ -17,14 +17,13 @@ import tempfile
 
 import tensorflow as tf
 
-from tf_dietcode import serving_warmup
+from tf_dietcode import bundle_store, serving_warmup
 from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.graph_rewrite import (attention_patterns, dense_patterns, horizontal_fusion, layer_norm_patterns,
                                        rewrite, shape_ranges, signature_graph, softmax_patterns)
 from tf_dietcode.graph_rewrite.graph_index import GraphIndex
 from tf_dietcode.graph_rewrite.symbolic_shapes import SymbolicShapes
 from tf_dietcode.op_library import load_op_library
-from tf_dietcode.tuning import bundle as kernel_bundle
 from tf_dietcode.tuning import hardware, search
 from tf_dietcode.tuning.templates import dense
 from tf_dietcode.tuning.workload import Workload
@@ -126,7 +125,7 @@ class Converter:
         self.tuning, self.database, self.horizontal_fusion = tuning, database, horizontal_fusion
         self.layer_norm_fusion = layer_norm_fusion
         self._converted = self._built = False
-        self._bundle_dir: pathlib.Path | None = None
+        self._bundle_manifest: pathlib.Path | None = None
 
     def convert(self) -> "Converter":
         """Loads the model, matches patterns in every signature and sizes them from the shape ranges."""
@@ -195,8 +194,10 @@ class Converter:
         from tf_dietcode.tuning.tune import tune
 
         self._tuning_dir = tempfile.TemporaryDirectory(prefix="tf_dietcode-")  # removed with the converter
-        self._bundle_dir = pathlib.Path(self._tuning_dir.name) / "bundle"
-        manifest = tune(workloads, self._bundle_dir, options=self.tuning, database=self.database).manifest
+        tuned_dir = pathlib.Path(self._tuning_dir.name) / "tuned"
+        manifest = tune(workloads, tuned_dir, options=self.tuning, database=self.database).manifest
+        # Named by content in the output's assets/ (bundle_store's docstring says why).
+        self._bundle_manifest = bundle_store.install(tuned_dir, store=pathlib.Path(self._tuning_dir.name) / "bundle")
         self._layouts = {w: entry.get("weight_layout") for w, entry in zip(workloads, manifest["workloads"])}
         return self
 
@@ -284,9 +285,10 @@ class Converter:
         module.variables_kept, module.dense_weights, self._signatures = [], [], {}
         self._weights_by_content: dict[tuple, tuple[tf.Variable, int]] = {}  # signatures share layers
         self.report.fused = collections.Counter()  # counted afresh by every save()
-        if self._bundle_dir is not None:  # set only when there were workloads to tune
-            module.bundle_manifest = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.MANIFEST))
-            module.bundle_library = tf.saved_model.Asset(str(self._bundle_dir / kernel_bundle.LIBRARY))
+        if self._bundle_manifest is not None:  # set only when there were workloads to tune
+            manifest, library = bundle_store.files(self._bundle_manifest)
+            module.bundle_manifest = tf.saved_model.Asset(str(manifest))
+            module.bundle_library = tf.saved_model.Asset(str(library))
         rewritten_functions = {}  # signatures that compute alike (Keras' serve, serving_default) share one
         for graph in self.graphs:
             computation = self._computations[graph.key]
