@@ -16,6 +16,12 @@ static build's time (Zen 3 VM, 2 threads, 31 interleaved rounds, two runs). Only
 rewritten: with 4 rows LSR already kept a pointer per row (`m4_n16_k128_t1_ki_b`'s K loop
 compiled to the same instructions either way). Rows a constant distance apart are left alone:
 LLVM reads them at immediate offsets from one pointer, as in static builds.
+
+Rows at one address share a pointer, and count once towards MIN_ROWS: in a small size's copy
+(small_reductions) a tile's rows past M read row M - 1. Laundered one by one, LLVM could not merge
+their loads: NN's `m8_n8_k128_t1_ko_b` read x 8 times per K step where its static build reads it
+once, and ran 1.08-1.19 times the static build's time at T = 1-3; 0.98-1.06 times with one
+pointer (21-31 interleaved rounds; two other m7/m8 kernels gained alike at T = 2-3).
 """
 
 import tvm
@@ -23,7 +29,7 @@ import tvm_ffi
 from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import defined_vars, rebuild_loops, sequence, uses, with_body
+from tf_dietcode.tuning.guarded_loops import defined_vars, in_scope, rebuild_loops, sequence, uses, with_body
 
 MIN_ROWS = 5
 _POINTER = tvm.ir.PointerType(tvm.ir.PrimType("float32"), "global")
@@ -43,21 +49,28 @@ def _row_base(load, loop: tir_stmt.For, inner: list):
     return base
 
 
-def _own_row_pointers(loop: tir_stmt.For, _enclosing) -> tir_stmt.Stmt:
+def _own_row_pointers(loop: tir_stmt.For, enclosing) -> tir_stmt.Stmt:
     if loop.kind != tir_stmt.ForKind.SERIAL:
         return loop
     inner = defined_vars(loop.body)
-    rows: dict = {}  # buffer -> [(base, row buffer)]
+    analyzer = in_scope(enclosing)
+    rows: dict = {}  # buffer -> [(base, row buffer)]: bases at one address share a row buffer
 
     def collect(load):
         base = _row_base(load, loop, inner)
-        if base is not None and not any(tvm_ffi.structural_equal(base, b) for b, _ in rows.get(load.source, [])):
-            rows.setdefault(load.source, []).append(
-                (base, tirx.decl_buffer((loop.min + loop.extent,), "float32", f"{load.source.name}_row")))
+        if base is None:
+            return
+        known = rows.setdefault(load.source, [])
+        if not any(tvm_ffi.structural_equal(base, b) for b, _ in known):
+            # In a small size's copy (small_reductions) the tile's rows past M clamp to its last row.
+            same = [row for b, row in known if analyzer.can_prove_equal(base, b)]
+            known.append((base, same[0] if same else tirx.decl_buffer((loop.min + loop.extent,), "float32",
+                                                                      f"{load.source.name}_row")))
 
     tvm_ffi.structural_walk(loop.body, (tvm.ir.TensorLoad, collect))
+    addresses = {source: _distinct_rows(bases) for source, bases in rows.items()}
     rows = {source: bases for source, bases in rows.items()
-            if len(bases) >= MIN_ROWS and _apart_by_variables([b for b, _ in bases])}
+            if len(addresses[source]) >= MIN_ROWS and _apart_by_variables(addresses[source], analyzer)}
     if not rows:
         return loop
 
@@ -71,13 +84,22 @@ def _own_row_pointers(loop: tir_stmt.For, _enclosing) -> tir_stmt.Stmt:
     body = tvm_ffi.structural_map(loop.body, [(tvm.ir.TensorLoad, through_row)])
     declared = [tir_stmt.DeclBuffer(row, data=tirx.reinterpret(_POINTER, tirx.call_llvm_pure_intrin(
         "handle", "llvm.launder.invariant.group", tirx.address_of(tirx.BufferLoad(source, [base])))))
-        for source, bases in rows.items() for base, row in bases]
+        for source in rows for base, row in addresses[source]]
     return sequence([*declared, with_body(loop, body)])
 
 
-def _apart_by_variables(bases: list) -> bool:
+def _distinct_rows(bases: list) -> list:
+    """Each row buffer with the first base that reads through it."""
+    distinct = []
+    for base, row in bases:
+        if not any(row.same_as(kept) for _, kept in distinct):
+            distinct.append((base, row))
+    return distinct
+
+
+def _apart_by_variables(addresses: list, analyzer: sym.Analyzer) -> bool:
     """Whether some row is not a constant distance from the first (a symbolic stride)."""
-    analyzer = sym.Analyzer()
+    bases = [base for base, _ in addresses]
     return any(not isinstance(analyzer.simplify(base - bases[0]), tirx.IntImm) for base in bases[1:])
 
 
