@@ -2,7 +2,10 @@
 
 Each wrapper checks dtypes, loads the op library on first use and calls the op;
 `bundle` is the path of a tuned kernel bundle (a string tensor, usually a
-SavedModel asset), "" for the generic kernel.
+SavedModel asset), "" for the generic kernel. The op library loads a bundle
+once per process and keeps it by path, so a bundle written later at the same
+path is not seen until the process restarts: give each bundle a path of its
+own (optimize() and DietDense name theirs by content, see bundle_store).
 """
 
 import json
