@@ -12,7 +12,7 @@ from tvm.tirx import stmt as tir_stmt
 
 from lowered_kernels import (assert_computes_on_attention_layouts, assert_computes_the_product, build_seen_after,
                              nodes, small_reduction_copies)
-from tf_dietcode.tuning.guarded_loops import in_scope, rebuild_loops
+from tf_dietcode.tuning.guarded_loops import in_scope, rebuild_loops, uses
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.row_pointers import MIN_ROWS
 from tf_dietcode.tuning.workload import Workload
@@ -72,6 +72,17 @@ def test_fewer_rows_and_static_builds_keep_their_loads(workload, kernel, t):
     """Four rows: LLVM keeps a pointer per row itself. Static: rows a constant distance apart."""
     _, main = _built(workload, kernel, t)
     assert not _laundered(main.body)
+
+
+def test_whole_tiles_place_each_row_at_its_distance_from_the_first():
+    """Laundered at a distance free of the loops' variables from the first row's laundered address,
+    the rows cost LLVM one add per tile each, not (first + i) * stride."""
+    _, main = _built(NN, SIX_ROWS)
+    loop_vars = [loop.loop_var for loop in nodes(main.body, tir_stmt.For)]
+    derived = [load for d in _laundered(main.body) for load in nodes(d.data, tvm.ir.TensorLoad)
+               if load.source.name.startswith("x_row")]
+    assert len(derived) >= SIX_ROWS.tile_m - 1  # at least the whole row tiles' reduction
+    assert all(not uses(load.indices[0], loop_vars) for load in derived)  # test_kernels_compute_the_product runs it
 
 
 @pytest.mark.parametrize("size", range(1, 6))
