@@ -127,9 +127,10 @@ def in_threads(function: Callable, items: Iterable, threads: int, strict: bool =
 
     with ThreadPoolExecutor(max(1, threads)) as pool:
         results = list(pool.map(attempt, items))
-    errors = [result for result in results if isinstance(result, Exception)]
-    if strict and errors:
-        raise errors[0]
+    if strict:
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
     return results
 
 

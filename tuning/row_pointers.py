@@ -77,8 +77,11 @@ def _own_row_pointers(loop: tir_stmt.For, enclosing) -> tir_stmt.Stmt:
 
     tvm_ffi.structural_walk(loop.body, (tvm.ir.TensorLoad, collect))
     addresses = {source: _distinct_rows(bases) for source, bases in rows.items()}
-    rows = {source: bases for source, bases in rows.items()
-            if len(addresses[source]) >= MIN_ROWS and _apart_by_variables(addresses[source], analyzer)}
+    # Each distinct row's distance from the first; some not a constant: rows a symbolic stride apart.
+    distances = {source: [analyzer.simplify(base - found[0][0]) for base, _ in found[1:]]
+                 for source, found in addresses.items()}
+    rows = {source: bases for source, bases in rows.items() if len(addresses[source]) >= MIN_ROWS
+            and not all(isinstance(distance, tirx.IntImm) for distance in distances[source])}
     if not rows:
         return loop
 
@@ -95,9 +98,9 @@ def _own_row_pointers(loop: tir_stmt.For, enclosing) -> tir_stmt.Stmt:
     for source in rows:
         (first, first_row), *others = addresses[source]
         declared.append(tir_stmt.DeclBuffer(first_row, data=_laundered(tirx.BufferLoad(source, [first]))))
-        for base, row in others:  # where the rows are a fixed distance apart, at that distance from the first
-            distance = _invariant(analyzer.simplify(base - first), loop_vars, analyzer)
-            address = tirx.BufferLoad(source, [base]) if distance is None else tirx.BufferLoad(first_row, [distance])
+        for (base, row), distance in zip(others, distances[source]):  # a fixed distance: from the first
+            invariant = _invariant(distance, loop_vars, analyzer)
+            address = tirx.BufferLoad(source, [base]) if invariant is None else tirx.BufferLoad(first_row, [invariant])
             declared.append(tir_stmt.DeclBuffer(row, data=_laundered(address)))
     return sequence([*declared, with_body(loop, body)])
 
@@ -129,12 +132,6 @@ def _distinct_rows(bases: list) -> list:
         if not any(row.same_as(kept) for _, kept in distinct):
             distinct.append((base, row))
     return distinct
-
-
-def _apart_by_variables(addresses: list, analyzer: sym.Analyzer) -> bool:
-    """Whether some row is not a constant distance from the first (a symbolic stride)."""
-    bases = [base for base, _ in addresses]
-    return any(not isinstance(analyzer.simplify(base - bases[0]), tirx.IntImm) for base in bases[1:])
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.OwnRowPointers")
