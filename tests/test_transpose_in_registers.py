@@ -91,7 +91,8 @@ def test_batch_matmul_nt_fetches_y_in_register_blocks(workload, kernel, dims):
     column task of a static build; the whole column tasks of a whole_batch kernel) and where its
     columns stop at a symbolic N in a whole_batch kernel (the last column task, whose columns past
     N repeat column N - 1). A symbolic kernel of column tasks keeps the element copy (LLVM took
-    10 s to compile it in blocks), and so does k past the whole blocks, up to N."""
+    10 s to compile it in blocks), and so does k past the whole blocks, up to N. The zero fill of
+    the tile's padding stays exactly where an element copy does: the blocks overwrite all of it."""
     executable, lowered = build_seen_after("tf_dietcode.TransposeInRegisters", workload, kernel, dims)
     stores = []
     tvm_ffi.structural_walk(lowered.body, (tir_stmt.BufferStore, stores.append))
@@ -101,4 +102,6 @@ def test_batch_matmul_nt_fetches_y_in_register_blocks(workload, kernel, dims):
     assert (_shuffles(lowered) > 0) == (dims is not None or kernel.whole_batch)
     assert bool(element_copies) == ((dims is None and not kernel.whole_batch)
                                     or workload.k.hi % hardware.detect().vector_lanes != 0)
-    assert_computes_the_product(executable, workload, kernel, [128] if dims else [1, 15, 16, 17, 43, 100, 128])
+    fills = [store for store in stores if store.buffer.name.startswith("y") and isinstance(store.value, tvm.tirx.FloatImm)]
+    assert bool(fills) == bool(element_copies)
+    assert_computes_the_product(executable, workload, kernel, [128] if dims else [1, 5, 15, 16, 17, 43, 100, 128])

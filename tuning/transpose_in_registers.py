@@ -10,9 +10,15 @@ In registers, a block of `lanes` rows is transposed in log2(lanes) stages,
 each exchanging the off-diagonal halves of ever smaller square blocks between
 pairs of rows: lanes * log2(lanes) two-vector shuffles per block. Columns past
 the last whole block, and k past the last whole block, keep the element copy.
+
+Where the blocks write every element of the tile (no element copy left), a
+zero fill of the tile's padding right before the copy only writes what the
+copy overwrites, and the pass drops it: a whole_batch kernel's last column
+task copies all its columns, those past N repeating column N - 1.
 """
 
 import tvm
+import tvm_ffi
 from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
@@ -90,10 +96,12 @@ def _block(store: tir_stmt.BufferStore, tile: list, source: list, c, k, lanes: i
     return body
 
 
-def transpose_in_blocks(loop: tir_stmt.For, lanes: int, enclosing: tuple = ()) -> tir_stmt.Stmt:
-    """The loop as whole blocks transposed in registers plus the element copy of what is left, if it
-    is a transposing copy of constant extents, or one whose columns stop at a symbolic bound E
-    (`min(W, E)`, W whole blocks) inside a serial loop; else the loop unchanged.
+def transpose_in_blocks(loop: tir_stmt.For, lanes: int,
+                        enclosing: tuple = ()) -> tuple[tir_stmt.Stmt, tirx.Buffer | None]:
+    """(The loop as whole blocks transposed in registers plus the element copy of what is left, the
+    tile if the blocks write every element of it, else None) if the loop is a transposing copy of
+    constant extents, or one whose columns stop at a symbolic bound E (`min(W, E)`, W whole blocks)
+    inside a serial loop; else (the loop unchanged, None).
 
     A copy that stops at E inside a serial loop is the last column task's of a kernel whose tasks
     run a batch's column tasks in turn (whole_batch), where N is symbolic. It copies all W
@@ -109,16 +117,16 @@ def transpose_in_blocks(loop: tir_stmt.For, lanes: int, enclosing: tuple = ()) -
     afford it, so those copies stay element by element."""
     copy = _transposing_copy(loop)
     if copy is None:
-        return loop
+        return loop, None
     inner, store, tile, source = copy
     stopping = whole_vectors_up_to_a_bound(loop.extent, lanes) if _once_per_column_task(enclosing) else None
     columns, bound = (loop.extent, None) if stopping is None else stopping
     if not (isinstance(columns, (int, tirx.IntImm)) and isinstance(inner.extent, tirx.IntImm)):
-        return loop
+        return loop, None
     columns, rows = int(columns), int(inner.extent)
     whole_columns, whole_rows = columns // lanes * lanes, rows // lanes * lanes
     if not (whole_columns and whole_rows):
-        return loop
+        return loop, None
     last = None if bound is None else tirx.Var("last_column", bound.ty.dtype)
     column_block, k_block = (tirx.Var(name, outer.loop_var.ty.dtype) for name, outer in (("cb", loop), ("kb", inner)))
     blocks = _loop(column_block, 0, columns // lanes, _loop(k_block, 0, rows // lanes, tir_stmt.SeqStmt(
@@ -133,7 +141,40 @@ def transpose_in_blocks(loop: tir_stmt.For, lanes: int, enclosing: tuple = ()) -
     if bound is not None:
         parts = [tir_stmt.Bind(last, bound - 1), *parts]
     copied = sequence(parts)
-    return copied if bound is None else tir_stmt.IfThenElse(bound > 0, copied, None)
+    if bound is not None:
+        copied = tir_stmt.IfThenElse(bound > 0, copied, None)
+    whole = whole_rows == rows and whole_columns == columns and _covers(store.buffer, tile, columns, rows)
+    return copied, store.buffer if whole else None
+
+
+def _covers(buffer: tirx.Buffer, tile: list, columns: int, rows: int) -> bool:
+    """Whether a copy of `rows` k rows of `columns` columns at tile index c + k * tile[1] + tile[2]
+    covers the whole (flat) buffer."""
+    analyzer = sym.Analyzer()
+    return (len(buffer.shape) == 1 and analyzer.can_prove_equal(buffer.shape[0], columns * rows)
+            and analyzer.can_prove_equal(tile[1], columns) and analyzer.can_prove_equal(tile[2], 0))
+
+
+def _zero_fill(stmt: tir_stmt.Stmt, buffer: tirx.Buffer) -> bool:
+    """Whether the statement only stores zeros into `buffer` (loops and bindings around the stores)."""
+    stores, others = [], []
+    tvm_ffi.structural_walk(stmt, (tir_stmt.BufferStore, stores.append))
+    tvm_ffi.structural_walk(stmt, ((tir_stmt.Evaluate, tir_stmt.IfThenElse, tir_stmt.While), others.append))
+    return bool(stores) and not others and all(
+        store.buffer.same_as(buffer) and isinstance(store.value, tirx.FloatImm)
+        and float(store.value.value) == 0.0 for store in stores)
+
+
+def _without_overwritten_fills(loop: tir_stmt.For, whole_copies: list) -> tir_stmt.For:
+    """The loop without the zero fills in its body that a copy of the whole tile right after
+    overwrites. (A copy stopping at E runs where E > 0, as every column task of a whole_batch
+    loop has columns; were E <= 0, the tile would only reach output columns the write-back
+    leaves out.)"""
+    parts = statements(loop.body)
+    kept = [part for part, after in zip(parts, parts[1:] + [None])
+            if not any(after is not None and after.same_as(copy) and _zero_fill(part, tile)
+                       for copy, tile in whole_copies)]
+    return loop if len(kept) == len(parts) else with_body(loop, sequence(kept))
 
 
 def _once_per_column_task(enclosing: tuple) -> bool:
@@ -159,4 +200,11 @@ def TransposeInRegisters(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:  # n
     lanes = hardware.llvm_float32_lanes(func)
     if lanes is None:
         return func
-    return func.with_body(rebuild_loops(func.body, lambda loop, enclosing: transpose_in_blocks(loop, lanes, enclosing)))
+    whole_copies = []  # (copy, tile) for the copies that write every element of their tile
+
+    def rewrite(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.Stmt:
+        copied, tile = transpose_in_blocks(loop, lanes, enclosing)
+        if tile is not None:
+            whole_copies.append((copied, tile))
+        return _without_overwritten_fills(loop, whole_copies) if copied.same_as(loop) else copied
+    return func.with_body(rebuild_loops(func.body, rewrite))

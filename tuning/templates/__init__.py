@@ -44,8 +44,9 @@ import importlib
 # 34: in the copies for small sizes, each operand's per-task offset is one linear form (task_division);
 # 35: loops reading 5 or more rows of an operand in place take a pointer per row (row_pointers);
 # 36: ... one pointer per distinct address: rows a small size's copy clamps to one row share it;
-# 37: ... each row of a whole tile laundered at its distance from the first row.
-TEMPLATES_VERSION = 37
+# 37: ... each row of a whole tile laundered at its distance from the first row;
+# 38: no zero fill before a transposing fetch that writes its whole tile (transpose_in_registers).
+TEMPLATES_VERSION = 38
 
 import functools
 
