@@ -102,6 +102,7 @@ def test_batch_matmul_nt_fetches_y_in_register_blocks(workload, kernel, dims):
     assert (_shuffles(lowered) > 0) == (dims is not None or kernel.whole_batch)
     assert bool(element_copies) == ((dims is None and not kernel.whole_batch)
                                     or workload.k.hi % hardware.detect().vector_lanes != 0)
-    fills = [store for store in stores if store.buffer.name.startswith("y") and isinstance(store.value, tvm.tirx.FloatImm)]
+    fills = [store for store in stores
+             if store.buffer.name.startswith("y") and isinstance(store.value, tvm.tirx.FloatImm)]
     assert bool(fills) == bool(element_copies)
     assert_computes_the_product(executable, workload, kernel, [128] if dims else [1, 5, 15, 16, 17, 43, 100, 128])

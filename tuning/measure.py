@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import tvm
 
-from tf_dietcode.tuning import (guarded_loops, overlapping_tiles, prefetch_panel, register_tiles, remainder_rows,
-                                 row_pointers, small_reductions, task_division, task_scratch, templates,
+from tf_dietcode.tuning import (guarded_loops, overlapping_tiles, prefetch_panel, reduction_chains, register_tiles,
+                                 remainder_rows, row_pointers, small_reductions, task_division, task_scratch, templates,
                                  transpose_in_registers, vector_write_backs)
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
@@ -83,7 +83,8 @@ def _pipeline():
     tile loops that LoopPartition made), TransposeInRegisters (on the loops ShrinkGuardedLoops
     left with constant extents or stopping at N), RegisterTiles (after StorageRewrite merged the
     partitions' accumulators), SpecializeRemainderRows, VectorWriteBacks (on the write-backs
-    whose rows SpecializeRemainderRows made constant), PrefetchNextPanel and AllocatePerTask
+    whose rows SpecializeRemainderRows made constant), SplitReductionChains (on the K loops of
+    those constant rows, whose write-backs tell the live accumulators), PrefetchNextPanel and AllocatePerTask
     (before LowerTVMBuiltin, in the finalizing passes, turns tiles into workspace calls),
     DivideTaskIndexByReciprocal (on the parallel loops, the copies' too) and OwnRowPointers (last: on
     the final index expressions)."""
@@ -91,6 +92,7 @@ def _pipeline():
     ours = [small_reductions.VersionSmallReductions, guarded_loops.ShrinkGuardedLoops,
             overlapping_tiles.OverlapPartialTiles, transpose_in_registers.TransposeInRegisters,
             register_tiles.RegisterTiles, remainder_rows.SpecializeRemainderRows, vector_write_backs.VectorWriteBacks,
+            reduction_chains.SplitReductionChains,
             prefetch_panel.PrefetchNextPanel, task_scratch.AllocatePerTask, task_division.DivideTaskIndexByReciprocal,
             row_pointers.OwnRowPointers]
     return tvm.transform.Sequential([lower, *ours]), finalize_host, finalize_device

@@ -67,7 +67,8 @@ def _aliased_tile(statement: tir_stmt.Stmt, tiles: list[tirx.Buffer]) -> bool:
             and any(tile.same_as(data.args[0]) for tile in tiles))
 
 
-def _reads(node, buffer: tirx.Buffer) -> bool:
+def reads(node, buffer: tirx.Buffer) -> bool:
+    """Whether the node loads from `buffer`."""
     loads = []
     tvm_ffi.structural_walk(node, (tvm.ir.TensorLoad, loads.append))
     return any(load.source.same_as(buffer) for load in loads)
@@ -81,7 +82,7 @@ def _written_whole_first(buffer: tirx.Buffer, following: list[tir_stmt.Stmt]) ->
         if not missing:
             return True
         if not isinstance(statement, tir_stmt.BufferStore) or not statement.buffer.same_as(buffer) \
-                or len(statement.indices) != 1 or _reads(statement.value, buffer):
+                or len(statement.indices) != 1 or reads(statement.value, buffer):
             return False
         index = statement.indices[0]
         if isinstance(index, tirx.IntImm):

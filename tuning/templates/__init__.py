@@ -45,8 +45,9 @@ import importlib
 # 35: loops reading 5 or more rows of an operand in place take a pointer per row (row_pointers);
 # 36: ... one pointer per distinct address: rows a small size's copy clamps to one row share it;
 # 37: ... each row of a whole tile laundered at its distance from the first row;
-# 38: no zero fill before a transposing fetch that writes its whole tile (transpose_in_registers).
-TEMPLATES_VERSION = 38
+# 38: no zero fill before a transposing fetch that writes its whole tile (transpose_in_registers);
+# 39: K loops with few live accumulator vectors add into partial accumulators (reduction_chains).
+TEMPLATES_VERSION = 39
 
 import functools
 
