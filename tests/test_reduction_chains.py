@@ -16,9 +16,11 @@ from tf_dietcode.tuning.workload import Workload
 
 
 @T.prim_func
-def products(x: T.Buffer((256,), "float32"), y: T.Buffer((512,), "float32"), rows: T.int64,
-             one: T.Buffer((8,), "float32"), first: T.Buffer((8,), "float32"), every: T.Buffer((32,), "float32")):
-    """x [64, 4] and y [64, 8] row-major; each output holds rows of x^T y."""
+def products(x: T.Buffer((256,), "float32"), y: T.Buffer((512,), "float32"), z: T.Buffer((2048,), "float32"),
+             rows: T.int64,
+             one: T.Buffer((8,), "float32"), first: T.Buffer((8,), "float32"), every: T.Buffer((32,), "float32"),
+             wide_out: T.Buffer((32,), "float32")):
+    """x [64, 4], y [64, 8] and z [64, 32] row-major; outputs hold rows of x^T y (wide_out: of x^T z)."""
     acc = T.alloc_buffer((8,), "float32")  # one chain, read after the loop: split
     acc[T.Ramp(0, 1, 8)] = T.Broadcast(T.float32(0), 8)
     for k in range(64):
@@ -41,6 +43,11 @@ def products(x: T.Buffer((256,), "float32"), y: T.Buffer((512,), "float32"), row
                                           + T.Broadcast(x[k * 4 + i], 8) * y[T.Ramp(k * 8, 1, 8)])
     for i in range(rows):
         every[T.Ramp(i * 8, 1, 8)] = whole[T.Ramp(i * 8, 1, 8)]
+    wide = T.alloc_buffer((32,), "float32")  # one update of 32 lanes: 4 AVX2 chains, split in 2
+    wide[T.Ramp(0, 1, 32)] = T.Broadcast(T.float32(0), 32)
+    for k in range(64):
+        wide[T.Ramp(0, 1, 32)] = wide[T.Ramp(0, 1, 32)] + T.Broadcast(x[k * 4], 32) * z[T.Ramp(k * 32, 1, 32)]
+    wide_out[T.Ramp(0, 1, 32)] = wide[T.Ramp(0, 1, 32)]
 
 
 def test_ways_fill_the_chains_in_flight_without_exceeding_them():
@@ -55,17 +62,18 @@ def test_loops_with_few_live_chains_split_and_compute_the_same():
     body = module["products"].body
     partials = sorted(int(allocation.buffer.shape[0]) for allocation in nodes(body, tir_stmt.AllocBuffer)
                       if allocation.buffer.name.endswith("_partial"))
-    assert partials == [32, 7 * 8, 7 * 32]  # four live chains in 2; one in 8; one live of four in 8
+    assert partials == [32, 32, 7 * 8, 7 * 32]  # 4 live chains in 2 (twice: 4 x 8 and 1 x 32 lanes); 1 in 8;
+    #                                             1 live of 4 in 8
     trips = sorted(int(loop.extent) for loop in nodes(body, tir_stmt.For) if isinstance(loop.extent, tvm.tirx.IntImm))
-    assert trips == [8, 8, 32]
+    assert trips == [8, 8, 32, 32]
     rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((64, 4)).astype(np.float32), rng.standard_normal((64, 8)).astype(np.float32)
-    outputs = [np.zeros(size, np.float32) for size in (8, 8, 32)]
-    tensors = [tvm.runtime.tensor(array.ravel()) for array in (x, y)]
-    results = [tvm.runtime.tensor(array) for array in outputs]
+    x, y, z = (rng.standard_normal(shape).astype(np.float32) for shape in ((64, 4), (64, 8), (64, 32)))
+    tensors = [tvm.runtime.tensor(array.ravel()) for array in (x, y, z)]
+    results = [tvm.runtime.tensor(np.zeros(size, np.float32)) for size in (8, 8, 32, 32)]
     executable["products"](*tensors, 4, *results)
     expected = x.astype(np.float64).T @ y.astype(np.float64)  # [4, 8]
-    for got, want in zip((r.numpy() for r in results), (expected[0], expected[0], expected.ravel())):
+    wide = x[:, 0].astype(np.float64) @ z.astype(np.float64)
+    for got, want in zip((r.numpy() for r in results), (expected[0], expected[0], expected.ravel(), wide)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
