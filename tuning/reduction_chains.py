@@ -111,7 +111,7 @@ def split_chains(nest: tir_stmt.For, following: list[tir_stmt.Stmt], machine_lan
         loops.append(loops[-1].body)
     loop = loops[-1]
     found = _chains(loop)
-    if found is None:
+    if found is None or any(around.kind != tir_stmt.ForKind.SERIAL for around in loops):
         return nest
     acc, chains = found
     read = _read_elements(following, acc)  # none read after the loop: the tile may be read later, all live
