@@ -15,6 +15,17 @@ from tf_dietcode.tuning.reduction_chains import CHAINS_IN_FLIGHT, ways
 from tf_dietcode.tuning.workload import Workload
 
 
+@T.macro
+def four_chains(tile, x, y):
+    """tile [4, 8] = x^T y for x [64, 4], y [64, 8]: four 8-lane accumulators over K = 64."""
+    for i in T.unroll(4):
+        tile[T.Ramp(i * 8, 1, 8)] = T.Broadcast(T.float32(0), 8)
+    for k in range(64):
+        for i in T.unroll(4):
+            tile[T.Ramp(i * 8, 1, 8)] = (tile[T.Ramp(i * 8, 1, 8)]
+                                         + T.Broadcast(x[k * 4 + i], 8) * y[T.Ramp(k * 8, 1, 8)])
+
+
 @T.prim_func
 def products(x: T.Buffer((256,), "float32"), y: T.Buffer((512,), "float32"), z: T.Buffer((2048,), "float32"),
              rows: T.int64,
@@ -27,20 +38,10 @@ def products(x: T.Buffer((256,), "float32"), y: T.Buffer((512,), "float32"), z: 
         acc[T.Ramp(0, 1, 8)] = acc[T.Ramp(0, 1, 8)] + T.Broadcast(x[k * 4], 8) * y[T.Ramp(k * 8, 1, 8)]
     one[T.Ramp(0, 1, 8)] = acc[T.Ramp(0, 1, 8)]
     tile = T.alloc_buffer((32,), "float32")  # four chains, only the first read after the loop: split for one
-    for i in T.unroll(4):
-        tile[T.Ramp(i * 8, 1, 8)] = T.Broadcast(T.float32(0), 8)
-    for k in range(64):
-        for i in T.unroll(4):
-            tile[T.Ramp(i * 8, 1, 8)] = (tile[T.Ramp(i * 8, 1, 8)]
-                                         + T.Broadcast(x[k * 4 + i], 8) * y[T.Ramp(k * 8, 1, 8)])
+    four_chains(tile, x, y)
     first[T.Ramp(0, 1, 8)] = tile[T.Ramp(0, 1, 8)]
     whole = T.alloc_buffer((32,), "float32")  # four chains read by a loop of symbolic extent: split for four
-    for i in T.unroll(4):
-        whole[T.Ramp(i * 8, 1, 8)] = T.Broadcast(T.float32(0), 8)
-    for k in range(64):
-        for i in T.unroll(4):
-            whole[T.Ramp(i * 8, 1, 8)] = (whole[T.Ramp(i * 8, 1, 8)]
-                                          + T.Broadcast(x[k * 4 + i], 8) * y[T.Ramp(k * 8, 1, 8)])
+    four_chains(whole, x, y)
     for i in range(rows):
         every[T.Ramp(i * 8, 1, 8)] = whole[T.Ramp(i * 8, 1, 8)]
     wide = T.alloc_buffer((32,), "float32")  # one update of 32 lanes: 4 AVX2 chains, split in 2
