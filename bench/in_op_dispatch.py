@@ -7,7 +7,8 @@ Uses the bundle `python -m bench.tuned_kernels` writes (its workloads in the
 cases of bench.tuned_kernels.CASES it holds). At each T, times the op in-graph
 (bench.in_graph_timing) and the kernel the bundle's tree picks for that shape
 through TVM's time_evaluator (no Python, no TF), both on --threads threads, in
-ROUNDS paired rounds: the ratios and overheads are medians of each round's.
+ROUNDS pairs of one ~50 ms sample each: the ratios and overheads are medians of
+each pair's.
 The in-graph loop has a cost of its own (the loop step and an identity per
 input), measured with one IdentityN of the inputs in place of the op; the
 op's overhead is op - kernel - that loop cost.
@@ -23,8 +24,8 @@ in_op_dispatch_threads<N>.csv.
 import ctypes
 import os
 import pathlib
+from collections.abc import Callable
 
-os.environ.setdefault("TVM_BIND_THREADS", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
@@ -32,15 +33,16 @@ import tensorflow as tf  # noqa: E402
 import tvm  # noqa: E402
 
 from bench import cli, in_graph_timing, report  # noqa: E402
-from bench.threads import use_threads  # noqa: E402
-from bench.tuned_kernels import CASES, read_bundle_manifest, tvm_seconds  # noqa: E402
+from bench.threads import use_threads, use_tvm_threads  # noqa: E402
+from bench.tuned_kernels import CASES, read_bundle_manifest, tvm_timer  # noqa: E402
 from tf_dietcode import ops  # noqa: E402
 from tf_dietcode.tuning import bundle, templates  # noqa: E402
 from tf_dietcode.tuning.micro_kernel import MicroKernel  # noqa: E402
 from tf_dietcode.tuning.templates import dense  # noqa: E402
 from tf_dietcode.tuning.workload import DIMS, Workload  # noqa: E402
 
-ROUNDS = 5  # op and kernel timed in turn, so the VM's drift (tens of % within minutes) hits both
+ROUNDS = 21  # pairs of an op and a kernel sample, so the VM's drift (tens of % within seconds) hits both
+SAMPLE_SECONDS = 0.05
 
 
 def op_call(workload: Workload, entry: dict, path: str, operands: dict[str, np.ndarray]):
@@ -55,19 +57,29 @@ def op_call(workload: Workload, entry: dict, path: str, operands: dict[str, np.n
                                                           alpha=operands["alpha"], bundle=path)), inputs
 
 
-def paired_round(op_timer, kernel_call: tuple, kernel_first: bool) -> tuple[float, float]:
-    """One round: the op in-graph and its kernel called directly, back to back, in the given order.
+def paired_medians(op_sample: Callable[[], float], kernel_sample: Callable[[], float],
+                   loop_seconds: float) -> tuple[float, float, float, float]:
+    """ROUNDS pairs of one op sample and one kernel sample (~50 ms each), back to back, the order
+    alternating: the medians of the pairs' (op - loop) / kernel and op - loop - kernel, and of the
+    op's and kernel's samples.
 
-    No pause between them: an op timed after a pause of 1 s ran 1.1-1.8x its time alone (the
-    VM idles its cores), and one timed right after its kernel matched it, TVM's pool threads
-    spinning too briefly to matter. Rounds alternate the order, so what one position costs
-    falls on both alike."""
-    if kernel_first:
-        [kernel_seconds] = tvm_seconds(kernel_call)
-        return op_timer(3), kernel_seconds
-    op_seconds = op_timer(3)
-    [kernel_seconds] = tvm_seconds(kernel_call)
-    return op_seconds, kernel_seconds
+    Why one sample each: this VM has slow patches of tens of ms, so the two sides of a ratio must
+    be timed at nearly the same moment (rounds of a median of 3 op samples against a median of 21
+    kernel samples compared a second's window with a third of one). No pause between them: an op
+    timed after a pause of 1 s ran 1.1-1.8x its time alone (the VM idles its cores); TVM's pool
+    thread no longer yields into the op's timing (bench.threads.use_tvm_threads)."""
+    pairs = []
+    for i in range(ROUNDS):
+        if i % 2:
+            kernel_seconds = kernel_sample()
+            op_seconds = op_sample()
+        else:
+            op_seconds = op_sample()
+            kernel_seconds = kernel_sample()
+        pairs.append((op_seconds, kernel_seconds))
+    op_seconds, kernel_seconds = np.array(pairs).T
+    return tuple(float(np.median(x)) for x in ((op_seconds - loop_seconds) / kernel_seconds,
+                                                op_seconds - loop_seconds - kernel_seconds, op_seconds, kernel_seconds))
 
 
 def main(argv=None):
@@ -77,7 +89,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     manifest = read_bundle_manifest(args.bundle)
     use_threads(args.threads)
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)  # read when TVM's pool starts, at its first kernel
+    use_tvm_threads(args.threads)
     library = ctypes.CDLL(str(args.bundle / bundle.LIBRARY))
     module = tvm.runtime.load_module(str(args.bundle / bundle.LIBRARY))
     rng = np.random.default_rng(0)
@@ -98,17 +110,16 @@ def main(argv=None):
     rows = []
     for name, t, workload, entry, kernel_entry, operands in jobs:
         compute, inputs = op_call(workload, entry, path, operands)
-        op_timer = in_graph_timing.timer(compute, inputs)
+        op_timer = in_graph_timing.timer(compute, inputs, target_seconds=SAMPLE_SECONDS)
         loop_seconds = in_graph_timing.seconds_per_call(lambda *xs: tf.identity_n(xs)[0], inputs, repeats=9)
         kernel = MicroKernel(**kernel_entry["params"])
-        kernel_call = (module, kernel_entry["symbol"],
-                       templates.for_workload(workload).kernel_arguments(operands, workload, kernel))
-        op_seconds, kernel_seconds = np.array([paired_round(op_timer, kernel_call, i % 2 == 1) for i in range(ROUNDS)]).T
-        overhead = float(np.median(op_seconds - loop_seconds - kernel_seconds))
-        ratio = float(np.median((op_seconds - loop_seconds) / kernel_seconds))
+        kernel_timer = tvm_timer(module, kernel_entry["symbol"],
+                                 templates.for_workload(workload).kernel_arguments(operands, workload, kernel),
+                                 SAMPLE_SECONDS)
+        ratio, overhead, op_seconds, kernel_seconds = paired_medians(lambda: op_timer(1), kernel_timer, loop_seconds)
         rows.append({"workload": name, "T": t, "threads": args.threads, "kernel": kernel_entry["name"],
-                     "op_us": float(np.median(op_seconds)) * 1e6, "loop_us": loop_seconds * 1e6,
-                     "kernel_us": float(np.median(kernel_seconds)) * 1e6, "overhead_us": overhead * 1e6,
+                     "op_us": op_seconds * 1e6, "loop_us": loop_seconds * 1e6,
+                     "kernel_us": kernel_seconds * 1e6, "overhead_us": overhead * 1e6,
                      "op_over_kernel": ratio, "rounds": ROUNDS})
         print(f"{name:34s} T={t:4d} {kernel_entry['name']:>20s} op {rows[-1]['op_us']:9.1f} us  "
               f"loop {loop_seconds * 1e6:5.1f} us  kernel {rows[-1]['kernel_us']:9.1f} us  "

@@ -1,5 +1,8 @@
-"""TF's thread pools as every benchmark runs them: 2 intra-op threads (this
-machine's cores) and one inter-op thread unless a benchmark runs ops side by side."""
+"""TF's and TVM's thread pools as every benchmark runs them: 2 intra-op threads
+(this machine's cores) and one inter-op thread unless a benchmark runs ops side
+by side; TVM's pool as many threads, unbound as TF's are."""
+
+import os
 
 import tensorflow as tf
 
@@ -8,3 +11,15 @@ def use_threads(intra_op: int = 2, inter_op: int = 1) -> None:
     """Must run before TF executes its first op."""
     tf.config.threading.set_intra_op_parallelism_threads(intra_op)
     tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+
+
+def use_tvm_threads(threads: int = 2) -> None:
+    """Must run before TVM's pool starts (at the first parallel kernel called from Python).
+
+    Its threads yield in a loop for ~170 ms after a kernel's last call before they sleep (300000
+    sched_yields by default: a full core on this VM), which took a core from TF timed next. 2000
+    still carries them across the back-to-back calls of a timing (kernel times unchanged) and lets
+    them sleep within a few ms."""
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "2000")

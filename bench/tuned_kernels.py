@@ -21,9 +21,8 @@ import json
 import os
 import pathlib
 import time
+from collections.abc import Callable
 
-os.environ.setdefault("TVM_NUM_THREADS", "2")
-os.environ.setdefault("TVM_BIND_THREADS", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
@@ -31,7 +30,7 @@ import tensorflow as tf  # noqa: E402
 import tvm  # noqa: E402
 
 from bench import cli, in_graph_timing, peak, report, workloads  # noqa: E402
-from bench.threads import use_threads  # noqa: E402
+from bench.threads import use_threads, use_tvm_threads  # noqa: E402
 from tf_dietcode.tuning import baselines, bundle, hardware, measure, search, templates  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 from tf_dietcode.tuning.dispatch import build_dispatch  # noqa: E402
@@ -100,14 +99,18 @@ def tvm_seconds(*calls: tuple) -> list[float]:
     compare their moments as much as themselves; in rounds, each round times every
     kernel at nearly the same moment and the median drops the outlying rounds.
     """
-    timers = []
-    for module, name, arguments in calls:  # the first timing warms up and sizes the rounds
-        first = module.time_evaluator(name, tvm.cpu(), number=1, repeat=1, min_repeat_ms=int(ROUND_SECONDS * 1e3))
-        seconds = first(*arguments).mean
-        number = max(1, int(np.ceil(ROUND_SECONDS / seconds)))
-        timers.append((module.time_evaluator(name, tvm.cpu(), number=number, repeat=1), arguments))
-    samples = measure.interleaved(lambda i: timers[i][0](*timers[i][1]).mean, [ROUNDS] * len(timers))
+    timers = [tvm_timer(*call) for call in calls]
+    samples = measure.interleaved(lambda i: timers[i](), [ROUNDS] * len(timers))
     return [float(np.median(runs)) for runs in samples]
+
+
+def tvm_timer(module, name: str, arguments, round_seconds: float = ROUND_SECONDS) -> Callable[[], float]:
+    """One sample of the function's seconds per call, over calls back to back for at least
+    round_seconds (warmed up and sized by a first timing)."""
+    first = module.time_evaluator(name, tvm.cpu(), number=1, repeat=1, min_repeat_ms=int(round_seconds * 1e3))
+    number = max(1, int(np.ceil(round_seconds / first(*arguments).mean)))
+    timer = module.time_evaluator(name, tvm.cpu(), number=number, repeat=1)
+    return lambda: timer(*arguments).mean
 
 
 def exported(executable, path: pathlib.Path):
@@ -119,9 +122,6 @@ def exported(executable, path: pathlib.Path):
     return tvm.runtime.load_module(str(path))
 
 
-TVM_POOL_SETTLE_SECONDS = 1.0  # TVM's pool threads spin a while after a call before they sleep
-
-
 def tf_seconds(jobs: list, before: list[float]) -> list[float]:
     """TF's time per job: the faster of the timing before the kernels and one after them.
 
@@ -131,7 +131,6 @@ def tf_seconds(jobs: list, before: list[float]) -> list[float]:
     a ratio alone. The faster of two timings minutes apart drops most such
     patches; it can only lower the speed-ups, never raise them.
     """
-    time.sleep(TVM_POOL_SETTLE_SECONDS)
     return [min(first, tf_seconds_once(job)) for job, first in zip(jobs, before, strict=True)]
 
 
@@ -152,6 +151,7 @@ def main(argv=None):
     parser.add_argument("--workloads", nargs="+", metavar="PREFIX", help="only workloads named so (default: all)")
     args = parser.parse_args(argv)
     use_threads()
+    use_tvm_threads()
     args.out.mkdir(parents=True, exist_ok=True)
     sequence_lengths = cli.sequence_lengths(args.quick)
     options = cli.search_options(args.quick)

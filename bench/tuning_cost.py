@@ -17,18 +17,15 @@ builder workers (baselines.register_cpu_tensor_intrinsics): a TVMScript parsing
 cost of TVM's import, not of its search.
 """
 
-import os
 import pathlib
 import tempfile
 
-os.environ.setdefault("TVM_NUM_THREADS", "2")
-os.environ.setdefault("TVM_BIND_THREADS", "0")
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from bench import cli, report  # noqa: E402
-from bench.tuned_kernels import CASES, tvm_seconds  # noqa: E402
-from tf_dietcode.tuning import baselines, hardware, templates  # noqa: E402
+from bench import cli, report
+from bench.threads import use_tvm_threads
+from bench.tuned_kernels import CASES, tvm_seconds
+from tf_dietcode.tuning import baselines, hardware, templates
 
 SAMPLED_T = (5, 24, 43, 62, 81, 100, 119, 128)
 QUICK_SAMPLED_T = (62,)
@@ -56,6 +53,7 @@ def main(argv=None):
     parser.add_argument("--tuned-kernels", type=pathlib.Path, default=pathlib.Path("bench/results"),
                         help="the --out of a bench.tuned_kernels run (its tuned_kernels.csv)")
     args = parser.parse_args(argv)
+    use_tvm_threads()
     sampled_t = QUICK_SAMPLED_T if args.quick else SAMPLED_T
     name, workload, shape_at, _ = next(c for c in CASES if c[0].startswith(args.workload))
     tuned = tuned_kernels_rows(args.tuned_kernels / "tuned_kernels.csv", name, sampled_t)
