@@ -7,9 +7,8 @@ resumed: the CSV says whether the tuning times started from empty databases),
 then at each T times TF's op in-graph (MatMul+BiasAdd, BatchMatMulV2), the
 bundle's dispatched kernel (TVM's time_evaluator: no Python in the loop),
 the same micro-kernel compiled for that static shape and the largest-shape
-baseline's kernel, these three in interleaved rounds (tvm_seconds), each
-loaded from a library (the last two from <out>/static and <out>/largest_shape_w*.so);
-TF is timed again after the kernels and the faster timing kept (tf_seconds).
+baseline's kernel, each loaded from a library (the last two from <out>/static
+and <out>/largest_shape_w*.so), all four in interleaved rounds (median_seconds).
 Writes tuned_kernels.csv and tuned_kernels.png; prints tuning time and speed-ups.
 The Nimble-like baseline (tune the largest shape only, use its best kernel for
 every T) runs beside it with the same budget. --workloads keeps the workloads
@@ -90,18 +89,21 @@ ROUNDS = 21  # 7 read NN's 2 us kernel at T = 1 as 1.10x its static build; 41 re
 ROUND_SECONDS = 0.03
 
 
-def tvm_seconds(*calls: tuple) -> list[float]:
-    """Median seconds per call of each (module, function name, arguments), timed in
-    interleaved rounds of at least ROUND_SECONDS per call.
+def median_seconds(*timers: Callable[[], float]) -> list[float]:
+    """Each timer's median over ROUNDS samples, taken in interleaved rounds.
 
     Why interleaved: this VM's speed drifts by tens of % within seconds (the FMA
-    peak read 37-68 GFLOP/s across one hour), so kernels timed one after another
+    peak read 37-68 GFLOP/s across one hour), so computations timed one after another
     compare their moments as much as themselves; in rounds, each round times every
-    kernel at nearly the same moment and the median drops the outlying rounds.
+    one at nearly the same moment and the median drops the outlying rounds.
     """
-    timers = [tvm_timer(*call) for call in calls]
     samples = measure.interleaved(lambda i: timers[i](), [ROUNDS] * len(timers))
     return [float(np.median(runs)) for runs in samples]
+
+
+def tvm_seconds(*calls: tuple) -> list[float]:
+    """Median seconds per call of each (module, function name, arguments), in interleaved rounds."""
+    return median_seconds(*(tvm_timer(*call) for call in calls))
 
 
 def tvm_timer(module, name: str, arguments, round_seconds: float = ROUND_SECONDS) -> Callable[[], float]:
@@ -122,22 +124,15 @@ def exported(executable, path: pathlib.Path):
     return tvm.runtime.load_module(str(path))
 
 
-def tf_seconds(jobs: list, before: list[float]) -> list[float]:
-    """TF's time per job: the faster of the timing before the kernels and one after them.
+def tf_timer(tf_peer, operands: dict) -> Callable[[], float]:
+    """One sample of TF's peer on the operands, timed in-graph over at least ROUND_SECONDS.
 
-    Why twice: this VM has slow patches of seconds (TF read 60 ms for dense
-    batch 16 at T = 119 in one run, 30 ms in the runs around it), and TF's
-    cells are timed apart from the kernels', so a patch lands on TF's side of
-    a ratio alone. The faster of two timings minutes apart drops most such
-    patches; it can only lower the speed-ups, never raise them.
-    """
-    return [min(first, tf_seconds_once(job)) for job, first in zip(jobs, before, strict=True)]
-
-
-def tf_seconds_once(job: tuple) -> float:
-    """TF's peer of the job (its tf_peer applied to its operands), timed in-graph."""
-    _, _, _, _, _, _, tf_peer, operands = job
-    return in_graph_timing.seconds_per_call(*tf_peer(operands))
+    Timed in the kernels' rounds: this VM has slow patches of seconds (TF read 60 ms for
+    dense batch 16 at T = 119 in one run, 30 ms in the runs around it), which landed on one
+    side of a ratio alone while TF was timed apart from the kernels (before them, while TVM's
+    pool threads spun after every kernel for ~170 ms: bench.threads.use_tvm_threads)."""
+    timer = in_graph_timing.timer(*tf_peer(operands), target_seconds=ROUND_SECONDS)
+    return lambda: timer(1)
 
 
 def peak_speedups(rows: list[dict], workload: str) -> list[float]:
@@ -192,9 +187,6 @@ def main(argv=None):
             if "alpha" in operands:
                 operands["alpha"] = 1.0  # plain products: TF's peer is its BatchMatMul alone
             jobs.append((w_index, name, workload, template, t, dims, tf_peer, operands))
-    # TF first, before TVM's thread pool is busy, and again after the kernels (tf_seconds says why).
-    tf_before = [tf_seconds_once(job) for job in jobs]
-
     def static_build(job):  # the dispatched kernel compiled for the job's shape
         w_index, _, workload, _, t, dims, _, _ = job
         return exported(measure.compile_kernel(
@@ -204,21 +196,21 @@ def main(argv=None):
     (args.out / "static").mkdir(exist_ok=True)
     static_builds = measure.in_threads(static_build, jobs, hw.cores, strict=True)  # all before any timing
     timed = []
-    for (w_index, name, workload, template, t, dims, _, operands), static_module in zip(jobs, static_builds):
+    for (w_index, name, workload, template, t, dims, tf_peer, operands), static_module in zip(jobs, static_builds):
         dispatch = dispatches[w_index]
         index = dispatch.kernel_index(dims)
         kernel = dispatch.kernels[index]
         arguments = template.kernel_arguments(operands, workload, kernel)
         largest_kernel, largest_module, _ = largest[name]
-        timed.append((kernel, largest_kernel, tvm_seconds(
-            (module, bundle.kernel_symbol(w_index, index), arguments),
-            (static_module, "main", arguments),
-            (largest_module, "main", template.kernel_arguments(operands, workload, largest_kernel)))))
-    tf_times = tf_seconds(jobs, tf_before)
+        timed.append((kernel, largest_kernel, median_seconds(
+            tf_timer(tf_peer, operands),
+            tvm_timer(module, bundle.kernel_symbol(w_index, index), arguments),
+            tvm_timer(static_module, "main", arguments),
+            tvm_timer(largest_module, "main", template.kernel_arguments(operands, workload, largest_kernel)))))
 
     rows = []
-    for (_, name, workload, _, t, dims, _, _), tf_time, (kernel, largest_kernel, (symbolic, static, largest_time)) \
-            in zip(jobs, tf_times, timed, strict=True):
+    for (_, name, workload, _, t, dims, _, _), (kernel, largest_kernel, (tf_time, symbolic, static, largest_time)) \
+            in zip(jobs, timed, strict=True):
         for peer, seconds, used in (("tensorflow", tf_time, kernel), ("dietcode", symbolic, kernel),
                                     ("dietcode_static", static, kernel),
                                     ("largest_shape", largest_time, largest_kernel)):
