@@ -1,7 +1,7 @@
 """OwnRowPointers: in symbolic kernels, the loops that read 5 or more of x's rows a symbolic stride
-apart read each row through its own (laundered) pointer; static builds, smaller tiles and rows at one
-address (a small size's copy) keep their loads; the kernels so built compute the product, also on
-attention's layouts read in place."""
+apart read each row through its own (laundered) pointer, and write-backs of as many rows store through
+the first row's; static builds, smaller tiles and rows at one address (a small size's copy) keep their
+loads; the kernels so built compute the product, also on attention's layouts read in place."""
 
 import functools
 
@@ -83,6 +83,22 @@ def test_whole_tiles_place_each_row_at_its_distance_from_the_first():
                if load.source.name.startswith("x_row")]
     assert len(derived) >= SIX_ROWS.tile_m - 1  # at least the whole row tiles' reduction
     assert all(not uses(load.indices[0], loop_vars) for load in derived)  # test_kernels_compute_the_product runs it
+
+
+@pytest.mark.parametrize("workload, kernel", [(NN, SIX_ROWS), (NN, FIVE_ROWS), (NT, SIX_ROWS)],
+                         ids=["nn_6_rows", "nn_5_rows", "nt_6_rows"])
+def test_write_backs_of_many_rows_store_through_the_first_rows_pointer(workload, kernel):
+    """Stored at (first + i) * stride, each row cost an `imul` per tile; through the first row's
+    laundered address, row i lies at i * stride from it. Partial tiles of fewer rows keep theirs."""
+    _, main = _built(workload, kernel)
+    rows_loops = [loop for loop in nodes(main.body, tir_stmt.For)
+                  if isinstance(loop.body, tir_stmt.For) and isinstance(loop.body.body, tir_stmt.BufferStore)
+                  and loop.body.body.buffer.name.startswith("out")]
+    assert rows_loops
+    for loop in rows_loops:
+        through_row = loop.body.body.buffer.name.startswith("out_row")
+        assert through_row == (isinstance(loop.extent, tirx.IntImm) and int(loop.extent) >= MIN_ROWS), loop
+    assert any(int(loop.extent) == kernel.tile_m for loop in rows_loops if isinstance(loop.extent, tirx.IntImm))
 
 
 @pytest.mark.parametrize("size", range(1, 6))

@@ -30,6 +30,10 @@ keeps LLVM's InstCombine from folding first * stride + i * stride back into one 
 i * stride are computed once, outside the tiles. NN's 6-row `m6_n16_k128_t1_ko` ran 1.13-1.14 of its
 static build at T = 17, against 1.17 before; the 5- and 6-row kernels 0.98-0.99 against 1.00-1.03
 at T = 43 and 1.23 / 1.34 against 1.30 / 1.37 at T = 9; T = 128 and NT within noise (21 rounds).
+
+The write-back of such a tile (a loop over its rows around one over consecutive columns) stored each
+row at (first row + i) * stride, an `imul` per row and tile again; it now stores through the first
+row's laundered address, row i at i * stride from it.
 """
 
 import tvm
@@ -134,6 +138,31 @@ def _distinct_rows(bases: list) -> list:
     return distinct
 
 
+def _own_output_rows(loop: tir_stmt.For, _enclosing) -> tir_stmt.Stmt:
+    """A loop over MIN_ROWS or more rows a symbolic stride apart around one store per column, at
+    consecutive addresses: stored through the first row's laundered address."""
+    columns = loop.body
+    if not (loop.kind == tir_stmt.ForKind.SERIAL and _is_zero(loop.min) and isinstance(loop.extent, tirx.IntImm)
+            and int(loop.extent) >= MIN_ROWS and isinstance(columns, tir_stmt.For)
+            and isinstance(columns.body, tir_stmt.BufferStore)):
+        return loop
+    store = columns.body
+    if len(store.indices) != 1 or isinstance(store.indices[0], tirx.Ramp) or store.buffer.dtype != "float32":
+        return loop
+    variables = [loop.loop_var, columns.loop_var]
+    steps = sym.detect_linear_equation(store.indices[0], variables)
+    if len(steps) != 3:
+        return loop
+    stride, step, first = steps
+    if (isinstance(stride, tirx.IntImm) or not (isinstance(step, tirx.IntImm) and int(step) == 1)
+            or uses(stride, variables) or uses(first, variables)):
+        return loop
+    row = tirx.decl_buffer((loop.extent * stride,), "float32", f"{store.buffer.name}_row")
+    rows = with_body(loop, with_body(columns, tir_stmt.BufferStore(
+        row, store.value, [loop.loop_var * stride + columns.loop_var])))
+    return sequence([tir_stmt.DeclBuffer(row, data=_laundered(tirx.BufferLoad(store.buffer, [first]))), rows])
+
+
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.OwnRowPointers")
 def OwnRowPointers(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:  # noqa: N802 (TVM pass naming)
-    return func.with_body(rebuild_loops(func.body, _own_row_pointers))
+    return func.with_body(rebuild_loops(rebuild_loops(func.body, _own_row_pointers), _own_output_rows))

@@ -46,8 +46,9 @@ import importlib
 # 36: ... one pointer per distinct address: rows a small size's copy clamps to one row share it;
 # 37: ... each row of a whole tile laundered at its distance from the first row;
 # 38: no zero fill before a transposing fetch that writes its whole tile (transpose_in_registers);
-# 39: K loops with few live accumulator vectors add into partial accumulators (reduction_chains).
-TEMPLATES_VERSION = 39
+# 39: K loops with few live accumulator vectors add into partial accumulators (reduction_chains);
+# 40: write-backs of 5 or more rows a symbolic stride apart store through the first row's pointer (row_pointers).
+TEMPLATES_VERSION = 40
 
 import functools
 
