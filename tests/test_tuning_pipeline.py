@@ -237,8 +237,12 @@ def test_dispatch_between_samples_follows_the_finalists_timed_there():
     kernel whose blocking outgrows a cache can be) gives those M up: the finalists are timed between
     the samples too, and the votes there follow those timings."""
     options = search.SearchOptions(trials=24, samples=3, finalists=4, seed=5)
-    plain = dispatch.build_dispatch(search.search(WORKLOAD, HW, FormulaRunner(), options, progress=False))
+    plain_search = search.search(WORKLOAD, HW, FormulaRunner(), options, progress=False)
+    plain = dispatch.build_dispatch(plain_search)
     fastest = plain.kernels[plain.kernel_index(WORKLOAD.dims_at((32,)))]
+    # The premise: it was timed at M = 32. The formula machine times some kernels exactly alike
+    # (packed or not); a twin not timed there, chosen in its place, would never meet the dip.
+    assert any(r.kernel == fastest for r in plain_search.measurements if r.shape == (32,))
 
     class DipRunner(FormulaRunner):
         def run(self, workload, kernels, ms, seed=0, best=None):
@@ -250,6 +254,29 @@ def test_dispatch_between_samples_follows_the_finalists_timed_there():
     assert dipped.kernels[dipped.kernel_index(WORKLOAD.dims_at((100,)))] == plain.kernels[
         plain.kernel_index(WORKLOAD.dims_at((100,)))]
     assert search.between_shapes([(1,), (10,), (100,)]) == [(3,), (32,)]  # timed at M = 32
+
+
+def test_votes_choose_among_the_finalists_where_they_were_timed_again():
+    """Every kernel runs 1.5x slower than the formula at M = 25-40 (a cache edge, say). The
+    finalists, timed between the samples, show it at M = 32; the other kernels reach M = 32 only by
+    interpolating their errors at M = 10 and 100, as if they ran at the formula's speed there, so
+    they would win M = 32 on no measurement. Where finalists were timed again, only they are chosen;
+    with no finalists (quick searches), every kernel that ran is."""
+    class EdgeRunner(FormulaRunner):
+        def run(self, workload, kernels, ms, seed=0, best=None):
+            return [dataclasses.replace(r, seconds=r.seconds * 1.5) if 25 <= r.shape[0] <= 40 else r
+                    for r in super().run(workload, kernels, ms)]
+
+    options = search.SearchOptions(trials=24, samples=3, finalists=4, seed=5)
+    result = search.search(WORKLOAD, HW, EdgeRunner(), options, progress=False)
+    finalists = {r.kernel for r in result.measurements if r.shape == (32,)}
+    assert len(finalists) == 4 < len({r.kernel for r in result.measurements})
+    assert dispatch.candidates(result) == sorted(finalists)
+    chosen = dispatch.build_dispatch(result)
+    assert set(chosen.kernels) <= finalists
+    assert chosen.kernels[chosen.kernel_index(WORKLOAD.dims_at((32,)))] in finalists
+    quick = search.search(WORKLOAD, HW, EdgeRunner(), dataclasses.replace(options, finalists=0), progress=False)
+    assert dispatch.candidates(quick) == sorted({r.kernel for r in quick.measurements})
 
 
 def test_a_variable_with_nothing_between_its_samples_keeps_them_in_the_shapes_between():

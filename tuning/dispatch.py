@@ -5,13 +5,14 @@ Votes use the cost formula over measured data: each measured kernel's f_MK
 (its measured throughput with shape effects divided out) times f_occ * f_pad
 at that shape, corrected by the formula's error where the kernel was measured
 (cost_model.calibrated_gflops), so a vote never contradicts a measurement.
-The tree's features are the sizes of the workload's dynamic dims, so a caller
-dispatches on the dims it sees. All kernels of a dense workload share one
-weight layout (pre-packed in tile_n-wide blocks, as many as N needs, or in
-place; kernels that differ only in their task's width share the same packed
-weight when N fills their tasks alike), so the op gets one weight; the layout
-with the least predicted time over the range wins, each shape weighed as the
-tree weighs it (shape_weights).
+Where the search timed its finalists again, the votes choose among them alone
+(candidates). The tree's features are the sizes of the workload's dynamic
+dims, so a caller dispatches on the dims it sees. All kernels of a dense
+workload share one weight layout (pre-packed in tile_n-wide blocks, as many
+as N needs, or in place; kernels that differ only in their task's width share
+the same packed weight when N fills their tasks alike), so the op gets one
+weight; the layout with the least predicted time over the range wins, each
+shape weighed as the tree weighs it (shape_weights).
 """
 
 import dataclasses
@@ -21,7 +22,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 from tf_dietcode.tuning.cost_model import calibrated_gflops
 from tf_dietcode.tuning.micro_kernel import MicroKernel
-from tf_dietcode.tuning.search import SearchResult
+from tf_dietcode.tuning.search import SearchResult, between_shapes
 from tf_dietcode.tuning.workload import DIMS, Workload
 
 MAX_LEAVES = 32
@@ -74,10 +75,27 @@ def shape_weights(shapes: list[tuple[int, ...]]) -> np.ndarray:
     return 1.0 / np.prod(np.maximum(np.asarray(shapes, dtype=np.float64), 1.0), axis=1)
 
 
+def candidates(result: SearchResult) -> list[MicroKernel]:
+    """The kernels the votes choose among: the search's finalists where it timed them again
+    (they alone have records between the sample shapes), else every kernel that ran.
+
+    Why the finalists alone: they were timed together, at the samples and between them, while
+    the other kernels' records come from their own batches' moments and reach the shapes between
+    the samples only by interpolation. Voting among all, batch matmul NN's tree gave T = 5 (a
+    shape between the samples 3 and 7) a kernel not timed there over the finalist timed fastest
+    there, and that kernel ran 1.29x slower than it (session 59, Zen 3 VM). Over eleven stored
+    tunings of the bench's workloads (sessions 58-59), the kernels of the finalists' trees against
+    those of the trees from all kernels, timed at the same moments at the bench's ten T: 0.961-1.031
+    per tuning, geometric mean 0.992; docs/decisions.md has the cells."""
+    ran = {r.kernel for r in result.measurements if r.seconds}
+    between = set(between_shapes(result.sample_shapes))
+    return sorted({r.kernel for r in result.measurements if r.seconds and r.shape in between} or ran)
+
+
 def build_dispatch(result: SearchResult) -> Dispatch:
     """Votes over every shape of the range, the layout choice, and the fitted tree."""
     model, workload = result.model, result.workload
-    measured = sorted({r.kernel for r in result.measurements if r.seconds})
+    measured = candidates(result)
     if not measured:
         raise RuntimeError(f"no micro-kernel of {workload.key()} ran successfully")
     every_shape = workload.all_shapes()
