@@ -48,7 +48,8 @@ import importlib
 # 38: no zero fill before a transposing fetch that writes its whole tile (transpose_in_registers);
 # 39: K loops with few live accumulator vectors add into partial accumulators (reduction_chains);
 # 40: write-backs of 5 or more rows a symbolic stride apart store through the first row's pointer (row_pointers).
-TEMPLATES_VERSION = 40
+# 41: a partial column task's write-back stores whole vectors where all their columns are inside (vector_write_backs).
+TEMPLATES_VERSION = 41
 
 import functools
 
