@@ -5,9 +5,10 @@
 For [16,T,768]->2304 and [1,T,768]->3072: builds the Dense layer, converts it
 (tf_dietcode.keras.convert), tunes the DietDense for T in [1, 128] (tuning
 database <out>/tuning.jsonl, resumed), checks both layers agree, then at each
-T times each layer in-graph (many calls in one tf.function loop, medians of
-repeats, the two layers alternating). Writes diet_dense.csv and diet_dense.png
-and prints the geometric-mean speed-up per case.
+T times each layer in-graph (calls in one tf.function loop for ~30 ms a
+sample, the two layers in interleaved rounds, medians: bench.tuned_kernels'
+timing). Writes diet_dense.csv and diet_dense.png and prints the
+geometric-mean speed-up per case.
 """
 
 import os
@@ -19,7 +20,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench import cli, in_graph_timing, report  # noqa: E402
-from bench.threads import use_threads  # noqa: E402
+from bench.tuned_kernels import ROUND_SECONDS, median_seconds  # noqa: E402
+from bench.threads import use_threads, use_tvm_threads  # noqa: E402
 from tf_dietcode import keras as diet_keras  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 
@@ -39,6 +41,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     use_threads()
+    use_tvm_threads()
     database = Database(args.out / "tuning.jsonl")
     rng = np.random.default_rng(0)
     rows = []
@@ -52,17 +55,15 @@ def main(argv=None):
         for t in cli.sequence_lengths(args.quick):
             x = rng.uniform(-1, 1, (batch, t, K)).astype(np.float32)
             np.testing.assert_allclose(layers["dietcode"](x), layers["tensorflow"](x), rtol=1e-4, atol=1e-4)
-            seconds = {peer: [] for peer in layers}
-            for _ in range(3):  # alternate the layers so drift hits both alike
-                for peer, layer in layers.items():
-                    seconds[peer].append(in_graph_timing.seconds_per_call(layer, [x]))
-            base = float(np.median(seconds["tensorflow"]))
+            timers = [in_graph_timing.timer(layer, [x], target_seconds=ROUND_SECONDS) for layer in layers.values()]
+            seconds = dict(zip(layers, median_seconds(*(lambda timer=timer: timer(1) for timer in timers))))
+            base = seconds["tensorflow"]
             for peer in layers:
-                median = float(np.median(seconds[peer]))
+                median = seconds[peer]
                 rows.append({"workload": name, "T": t, "peer": peer, "ms": median * 1e3,
                              "gflops": 2 * batch * t * K * units / median / 1e9,
                              "speedup_vs_tensorflow": base / median})
-            print(f"  T={t:4d}: DietDense {base / float(np.median(seconds['dietcode'])):.2f}x")
+            print(f"  T={t:4d}: DietDense {base / seconds['dietcode']:.2f}x")
     report.write_csv(rows, args.out / "diet_dense.csv")
     report.plot_by_t(rows, args.out / "diet_dense.png", "DietDense vs keras.layers.Dense (same weights)")
     for name, _, _ in CASES:
