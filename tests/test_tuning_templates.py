@@ -68,12 +68,14 @@ def test_symbolic_kernel_is_right_at_every_shape(rng, workload):
         assert_right_at_edge_shapes(workload, kernel, rng)
 
 
-def test_in_place_row_tasks_share_one_copied_panel(rng):
-    """task_m > 1 with the weight in place: a task copies its panel once (inside the
+@pytest.mark.parametrize("task_m", [4, 0], ids=["row_tasks", "every_row"])
+def test_in_place_row_tasks_share_one_copied_panel(rng, task_m):
+    """task_m != 1 with the weight in place: a task copies its panel once (inside the
     parallel task loop, before its row tiles, vectorized) and the register tile reads
-    the copy, right at every shape (rows padded to whole row tasks)."""
+    the copy, right at every shape (rows padded to whole row tasks, or to whole tiles
+    where a task runs every row tile)."""
     workload = WORKLOADS[6]
-    kernel = micro_kernel.MicroKernel(3, 16, 40, 1, True, task_m=4)
+    kernel = micro_kernel.MicroKernel(3, 16, 40, 1, True, task_m=task_m)
     assert kernel in micro_kernel.space(hardware.detect(), workload)
     sch = s_tir.Schedule(dense.schedule(workload, kernel))
     copy_loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("w_global"))]
@@ -216,7 +218,7 @@ def test_weight_layouts_of_the_space():
         # Row tasks that copy their panel exist only where the weight must stay in place.
         packed_task_m = {"any": {1, 0}, "packed": {1, 0}, "in_place": set()}[layout]
         assert {k.task_m for k in space if k.packed} == packed_task_m
-        in_place_task_m = {"any": {1}, "packed": set(), "in_place": {1, 4, 8, 16}}[layout]
+        in_place_task_m = {"any": {1}, "packed": set(), "in_place": {1, 0, 4, 8, 16}}[layout]
         assert {k.task_m for k in space if not k.packed} == in_place_task_m
     assert not any(k.packed for k in micro_kernel.space(hw, WORKLOADS[8]))
     grouped = micro_kernel.space(hw, WORKLOADS[12])  # three layers of 32 columns: tasks never straddle two

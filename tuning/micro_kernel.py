@@ -109,12 +109,14 @@ def _row_tiles_per_task(hw: "Hardware", workload: Workload, tile_n: int, task_n:
     maps them onto a few cache sets), so a task may copy its panel (all of K) into a
     contiguous local once and run several row tiles from it, as GotoBLAS packs B; only
     where that panel fits in L2, and only for weights that must stay in place (one
-    that may be packed ahead of time never pays per call)."""
+    that may be packed ahead of time never pays per call). Such a task may also run
+    every row tile (0): the panel is then copied once per call, not once per
+    task_m row tiles."""
     if packed:
         return (1, 0)
     if workload.weight_layout != "in_place" or workload.k.hi * tile_n * task_n * 4 > hw.l2_bytes:
         return (1,)
-    return (1, 4, 8, 16)
+    return (1, 0, 4, 8, 16)
 
 
 def _batch_tasks(workload: Workload, tile_n: int, task_n: int) -> tuple[bool, ...]:

@@ -49,7 +49,8 @@ import importlib
 # 39: K loops with few live accumulator vectors add into partial accumulators (reduction_chains);
 # 40: write-backs of 5 or more rows a symbolic stride apart store through the first row's pointer (row_pointers).
 # 41: a partial column task's write-back stores whole vectors where all their columns are inside (vector_write_backs).
-TEMPLATES_VERSION = 41
+# 42: a dense task with its weight in place may copy its panel once and run every row tile (task_m = 0).
+TEMPLATES_VERSION = 42
 
 import functools
 

@@ -11,7 +11,7 @@ in place as stored, w[K, N] (a trainable variable, which nothing may repack),
 its tasks then splitting N exactly. A parallel task computes task_m row tiles
 of tile_m rows (task_m = 0: every row tile, the tasks splitting N only) by
 task_n blocks of tile_n columns; with a weight read in place
-and task_m > 1 it first copies its panel into a contiguous local one that its
+and task_m != 1 it first copies its panel into a contiguous local one that its
 row tiles share (GotoBLAS' packing of B, per call). Local padding: rows are
 padded to whole row tasks, and a padded row reads x's last row in place (a
 clamped index, no copy and no check: K is static, so the padding never reaches
@@ -120,7 +120,7 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     task = sch.fuse(*tasks) if len(tasks) > 1 else tasks[0]
     sch.parallel(task)
 
-    if not kernel.packed and kernel.task_m > 1:
+    if not kernel.packed and kernel.task_m != 1:
         copy_panel(sch, block, task, kernel.tile_n)
     if prefetches_next_panel(workload, kernel):
         depth = workload.k.hi
