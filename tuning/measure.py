@@ -24,9 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import tvm
 
-from tf_dietcode.tuning import (guarded_loops, overlapping_tiles, prefetch_panel, reduction_chains, register_tiles,
-                                 remainder_rows, row_pointers, small_reductions, task_division, task_scratch, templates,
-                                 transpose_in_registers, vector_write_backs)
+from tf_dietcode.tuning import (guarded_loops, overlapping_tiles, parallel_launches, prefetch_panel, reduction_chains,
+                                 register_tiles, remainder_rows, row_pointers, small_reductions, task_division,
+                                 task_scratch, templates, transpose_in_registers, vector_write_backs)
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -86,15 +86,15 @@ def _pipeline():
     whose rows SpecializeRemainderRows made constant), SplitReductionChains (on the K loops of
     those constant rows, whose write-backs tell the live accumulators), PrefetchNextPanel and AllocatePerTask
     (before LowerTVMBuiltin, in the finalizing passes, turns tiles into workspace calls),
-    DivideTaskIndexByReciprocal (on the parallel loops, the copies' too) and OwnRowPointers (last: on
-    the final index expressions)."""
+    DivideTaskIndexByReciprocal (on the parallel loops, the copies' too), OwnRowPointers (on the final
+    index expressions) and MergeParallelLaunches (last: one launch where LoopPartition made two)."""
     lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
     ours = [small_reductions.VersionSmallReductions, guarded_loops.ShrinkGuardedLoops,
             overlapping_tiles.OverlapPartialTiles, transpose_in_registers.TransposeInRegisters,
             register_tiles.RegisterTiles, remainder_rows.SpecializeRemainderRows, vector_write_backs.VectorWriteBacks,
             reduction_chains.SplitReductionChains,
             prefetch_panel.PrefetchNextPanel, task_scratch.AllocatePerTask, task_division.DivideTaskIndexByReciprocal,
-            row_pointers.OwnRowPointers]
+            row_pointers.OwnRowPointers, parallel_launches.MergeParallelLaunches]
     return tvm.transform.Sequential([lower, *ours]), finalize_host, finalize_device
 
 

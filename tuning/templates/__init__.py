@@ -50,7 +50,8 @@ import importlib
 # 40: write-backs of 5 or more rows a symbolic stride apart store through the first row's pointer (row_pointers).
 # 41: a partial column task's write-back stores whole vectors where all their columns are inside (vector_write_backs).
 # 42: a dense task with its weight in place may copy its panel once and run every row tile (task_m = 0).
-TEMPLATES_VERSION = 42
+# 43: the partitions of a parallel loop run in one launch (parallel_launches).
+TEMPLATES_VERSION = 43
 
 import functools
 
