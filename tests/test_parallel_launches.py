@@ -16,7 +16,7 @@ PACKED = Workload("dense", (1, 40), 96, 64, activation="relu", weight_layout="pa
 CASES = [
     (IN_PLACE, MicroKernel(2, 16, 32, 2, False)),                 # row and column tasks, weight in place
     (IN_PLACE, MicroKernel(3, 16, 64, 1, True, task_m=4)),        # row tasks of 4 tiles sharing a copied panel
-    (PACKED, MicroKernel(4, 24, 32, 1, True, packed=True)),       # packed weight
+    (PACKED, MicroKernel(4, 16, 32, 1, True, packed=True)),       # packed weight
 ]
 
 
