@@ -19,8 +19,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import cli, in_graph_timing, report  # noqa: E402
-from bench.tuned_kernels import ROUND_SECONDS, median_seconds  # noqa: E402
+from bench import cli, report  # noqa: E402
+from bench.tuned_kernels import in_graph_timer, median_seconds  # noqa: E402
 from bench.threads import use_threads, use_tvm_threads  # noqa: E402
 from tf_dietcode import keras as diet_keras  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
@@ -55,8 +55,7 @@ def main(argv=None):
         for t in cli.sequence_lengths(args.quick):
             x = rng.uniform(-1, 1, (batch, t, K)).astype(np.float32)
             np.testing.assert_allclose(layers["dietcode"](x), layers["tensorflow"](x), rtol=1e-4, atol=1e-4)
-            timers = [in_graph_timing.timer(layer, [x], target_seconds=ROUND_SECONDS) for layer in layers.values()]
-            seconds = dict(zip(layers, median_seconds(*(lambda timer=timer: timer(1) for timer in timers))))
+            seconds = dict(zip(layers, median_seconds(*(in_graph_timer(layer, [x]) for layer in layers.values()))))
             base = seconds["tensorflow"]
             for peer in layers:
                 median = seconds[peer]

@@ -131,7 +131,13 @@ def tf_timer(tf_peer, operands: dict) -> Callable[[], float]:
     dense batch 16 at T = 119 in one run, 30 ms in the runs around it), which landed on one
     side of a ratio alone while TF was timed apart from the kernels (before them, while TVM's
     pool threads spun after every kernel for ~170 ms: bench.threads.use_tvm_threads)."""
-    timer = in_graph_timing.timer(*tf_peer(operands), target_seconds=ROUND_SECONDS)
+    return in_graph_timer(*tf_peer(operands))
+
+
+def in_graph_timer(compute, inputs: list) -> Callable[[], float]:
+    """One sample of compute(*inputs)'s seconds per call, timed in-graph over at least ROUND_SECONDS
+    (a timer for median_seconds' rounds)."""
+    timer = in_graph_timing.timer(compute, inputs, target_seconds=ROUND_SECONDS)
     return lambda: timer(1)
 
 

@@ -17,6 +17,11 @@ def nodes(body, kind) -> list:
     return found
 
 
+def parallel_loops(body) -> list:
+    """Every parallel loop in body, in walk order."""
+    return [loop for loop in nodes(body, tvm.tirx.stmt.For) if loop.kind == tvm.tirx.stmt.ForKind.PARALLEL]
+
+
 def _terms(condition) -> list:
     return _terms(condition.a) + _terms(condition.b) if isinstance(condition, tvm.tirx.And) else [condition]
 

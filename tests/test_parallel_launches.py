@@ -6,7 +6,7 @@ import pytest
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from lowered_kernels import assert_computes_the_product, build_seen_after, nodes
+from lowered_kernels import assert_computes_the_product, build_seen_after, nodes, parallel_loops
 from tf_dietcode.tuning import parallel_launches, task_scratch
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -20,24 +20,20 @@ CASES = [
 ]
 
 
-def _parallel_loops(body) -> list[tir_stmt.For]:
-    return [n for n in nodes(body, tir_stmt.For) if n.kind == tir_stmt.ForKind.PARALLEL]
-
-
 def _launches(body) -> int:
     """How many statements launch tasks: launch points, and parallel loops outside any."""
     points = [n for n in nodes(body, tir_stmt.AttrStmt) if n.attr_key == task_scratch.LAUNCH_POINT]
-    inside = sum(len(_parallel_loops(point.body)) for point in points)
-    return len(points) + len(_parallel_loops(body)) - inside
+    inside = sum(len(parallel_loops(point.body)) for point in points)
+    return len(points) + len(parallel_loops(body)) - inside
 
 
 @pytest.mark.parametrize("workload,kernel", CASES, ids=lambda c: getattr(c, "name", None))
 def test_the_partitions_of_a_parallel_loop_run_in_one_launch(workload, kernel):
     _, before = build_seen_after("tf_dietcode.OwnRowPointers", workload, kernel)
-    assert len(_parallel_loops(before.body)) == 2 and _launches(before.body) == 2  # the premise
+    assert len(parallel_loops(before.body)) == 2 and _launches(before.body) == 2  # the premise
     executable, after = build_seen_after("tf_dietcode.MergeParallelLaunches", workload, kernel)
     assert _launches(after.body) == 1
-    assert len(_parallel_loops(after.body)) == 2  # each task still takes its share of each partition
+    assert len(parallel_loops(after.body)) == 2  # each task still takes its share of each partition
     assert_computes_the_product(executable, workload, kernel, [1, 2, 3, 4, 5, 7, 11, 12, 13, 24, 37, 40])
 
 
@@ -56,4 +52,4 @@ def test_only_loops_over_one_variable_share_a_launch():
     assert parallel_launches.merge_launches(apart).same_as(apart)
     merged = parallel_launches.merge_launches(tir_stmt.SeqStmt([_store_loop("i"), _store_loop("i")]))
     assert isinstance(merged, tir_stmt.AttrStmt) and merged.attr_key == task_scratch.LAUNCH_POINT
-    assert len(_parallel_loops(merged)) == 2
+    assert len(parallel_loops(merged)) == 2

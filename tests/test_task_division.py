@@ -11,7 +11,8 @@ import pytest
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from lowered_kernels import assert_computes_on_attention_layouts, build_seen_after, nodes, small_reduction_copies
+from lowered_kernels import (assert_computes_on_attention_layouts, build_seen_after, nodes, parallel_loops,
+                             small_reduction_copies)
 from tf_dietcode.tuning import templates
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -29,10 +30,6 @@ def _task_divisions(body, task: tirx.Var) -> list:
             and any(v.same_as(task) for v in nodes(node.a, tirx.Var))]
 
 
-def _parallel_loops(body) -> list:
-    return [loop for loop in nodes(body, tir_stmt.For) if loop.kind == tir_stmt.ForKind.PARALLEL]
-
-
 @functools.cache
 def _built(workload, kernel):
     """Each kernel compiled once for the tests below: (the executable, its "main" after the pass)."""
@@ -42,7 +39,7 @@ def _built(workload, kernel):
 @pytest.mark.parametrize("workload, kernel", KERNELS, ids=lambda value: getattr(value, "name", None))
 def test_each_task_divides_once(workload, kernel):
     _, main = _built(workload, kernel)
-    parallel = _parallel_loops(main.body)
+    parallel = parallel_loops(main.body)
     assert parallel
     for loop in parallel:
         quotients = [s for s in nodes(loop.body, tir_stmt.Bind) if s.var.name.startswith("task_quotient")]
@@ -86,15 +83,15 @@ def test_small_copies_bind_each_operands_offset_once_per_task():
     copies = small_reduction_copies(main.body)
     assert copies
     for copy in copies.values():
-        (loop,) = _parallel_loops(copy)
+        (loop,) = parallel_loops(copy)
         offsets = [s for s in nodes(loop.body, tir_stmt.Bind) if s.var.name.startswith("task_offset")]
         assert {v.name for o in offsets for v in nodes(o.value, tirx.Var)} >= {"x_stride1", "y_stride1", "out_stride1"}
         products = [m for m in nodes(loop.body, tirx.Mul) if _reads_a_quotient(m)]
         in_offsets = [[m for m in nodes(o.value, tirx.Mul) if _reads_a_quotient(m)] for o in offsets]
         assert all(len(found) == 1 for found in in_offsets)
         assert len(products) == len(offsets)
-    others = [loop for loop in _parallel_loops(main.body)
-              if not any(loop.same_as(inner) for copy in copies.values() for inner in _parallel_loops(copy))]
+    others = [loop for loop in parallel_loops(main.body)
+              if not any(loop.same_as(inner) for copy in copies.values() for inner in parallel_loops(copy))]
     assert others and not any(s.var.name.startswith("task_offset") for loop in others
                               for s in nodes(loop.body, tir_stmt.Bind))
 
