@@ -51,10 +51,14 @@ class GraphIndex:
         captured variable read (variables are read at their current value)."""
         node = self.producer(tensor)
         if node.op == "ReadVariableOp":
-            handle = self.producer(node.input[0])
-            while handle.op == "Identity":  # inlined function arguments
-                handle = self.producer(handle.input[0])
-            return self.captured_values.get(handle.name)
+            return self.variable_value(node.input[0])
         if node.op == "Identity":
             return self.value(node.input[0])
         return tensor_util.constant_value(self.graph.get_tensor_by_name(tensor_name(tensor)))
+
+    def variable_value(self, handle: str) -> np.ndarray | None:
+        """The current value of the captured variable a resource handle refers to."""
+        node = self.producer(handle)
+        while node.op == "Identity":  # inlined function arguments
+            node = self.producer(node.input[0])
+        return self.captured_values.get(node.name)

@@ -10,6 +10,7 @@ lowest and the highest corner of the ranges (products grow with every dim).
 """
 
 import math
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -95,9 +96,24 @@ def corner_inputs(specs: dict[str, tf.TensorSpec], ranges: DimRanges) -> list[li
 def corner_shapes(function, specs: dict[str, tf.TensorSpec], ranges: DimRanges) -> dict[str, tuple[list, list]]:
     """Shapes of the tensors `function` returns (a dict) on zero inputs at the lowest and the
     highest corner of the ranges: {name: (shape at the lowest, shape at the highest)}."""
-    corners = [{name: t.shape.as_list() for name, t in function(*inputs).items()}
-               for inputs in corner_inputs(specs, ranges)]
+    corners = []
+    for end, inputs in zip(("lowest", "highest"), corner_inputs(specs, ranges)):
+        try:
+            corners.append({name: t.shape.as_list() for name, t in function(*inputs).items()})
+        except tf.errors.OpError as error:
+            shapes = ", ".join(f"{name} {list(t.shape)}" for name, t in zip(specs, inputs))
+            raise ValueError(f"the model fails on zero inputs at the {end} corner of the shape ranges ({shapes}), "
+                             f"which optimize() runs to size its layers: {_op_error_summary(error)}.\n"
+                             "Give shape_ranges (or input_fn) within the shapes the model accepts.") from None
     return {name: (corners[0][name], corners[1][name]) for name in corners[0]}
+
+
+def _op_error_summary(error: tf.errors.OpError) -> str:
+    """TF's message without its Python stack: what failed and at which node."""
+    lines = [line.strip() for line in error.message.splitlines()]
+    what = [line for line in lines if line and not line.startswith(("File ", "[[", "Detected at", "Graph execution"))]
+    node = re.search(r"Detected at node (\S+)", error.message)
+    return (what[-1] if what else lines[0]) + (f" (node {node.group(1)})" if node else "")
 
 
 def row_range(corners: tuple[list, list], k: int) -> tuple[int, int]:

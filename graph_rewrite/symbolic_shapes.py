@@ -29,11 +29,12 @@ from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
 Dim = sympy.Expr | None
 Shape = tuple[Dim, ...] | None
 
-UNARY = {"Abs", "Cast", "Ceil", "Elu", "EnsureShape", "Erf", "Erfc", "Exp", "Floor", "Gelu", "Identity",
-         "LeakyRelu", "Log", "LogSoftmax", "Neg", "OnesLike", "Reciprocal", "Relu", "Relu6", "Round", "Rsqrt",
-         "Selu", "Sigmoid", "Sign", "Snapshot", "Softmax", "Softplus", "Sqrt", "Square", "StopGradient", "Tanh",
-         "ZerosLike"}
+UNARY = {"Abs", "Cast", "Ceil", "ClipByValue", "Cumsum", "Elu", "EnsureShape", "Erf", "Erfc", "Exp", "Floor",
+         "Gelu", "Identity", "LeakyRelu", "Log", "LogSoftmax", "MatrixBandPart", "Neg", "OnesLike", "Reciprocal",
+         "Relu", "Relu6", "Round", "Rsqrt", "Selu", "Sigmoid", "Sign", "Snapshot", "Softmax", "Softplus", "Sqrt",
+         "Square", "StopGradient", "Tanh", "ZerosLike"}  # output shaped as the first input
 KEEPS_VALUE = {"Cast", "Identity", "Snapshot", "StopGradient"}
+KEEPS_VALUES = KEEPS_VALUE | {"ExpandDims", "Reshape", "Squeeze"}  # the same elements, reshaped
 BROADCASTING = {"Add", "AddV2", "BiasAdd", "Div", "DivNoNan", "Equal", "FloorDiv", "FloorMod", "Greater",
                 "GreaterEqual", "Less", "LessEqual", "LogicalAnd", "LogicalOr", "Maximum", "Minimum", "Mul",
                 "NotEqual", "Pow", "RealDiv", "SelectV2", "SquaredDifference", "Sub"}
@@ -52,6 +53,8 @@ class SymbolicShapes:
         self._merged: dict[sympy.Symbol, sympy.Symbol] = {}
         self._inputs: dict[sympy.Symbol, tuple[str, int]] = {}
         self._slice_limits: dict[sympy.Symbol, int] = {}  # a symbol that slices a static dim: at most its size
+        self._index_bounds: dict[str, tuple[sympy.Expr, sympy.Expr]] = {}  # integer tensor -> (min, max) element
+        self._never_true: set[str] = set()  # boolean tensors known to be all false
         self._shapes: dict[str, Shape] = {}
         self._values: dict[str, tuple[Dim, ...] | None] = {}
         for name, tensor in inputs.items():
@@ -105,7 +108,8 @@ class SymbolicShapes:
 
     def declared_maxima(self) -> dict[tuple[str, int], int]:
         """(input, axis) -> the largest size the graph allows that dim: the model slices a static
-        dim by it (BERT's position table, `table[:T]`), so a longer input would not fit."""
+        dim by it (BERT's position table, `table[:T]`, or a gather of `range(T)` from it), so a
+        longer input would not fit."""
         limits: dict[sympy.Symbol, int] = {}
         for symbol, limit in self._slice_limits.items():  # recorded before later merges
             root = self._root(symbol)
@@ -174,6 +178,36 @@ class SymbolicShapes:
         if value is None:
             value = self._static_value(output, shape)
         self._shapes[output], self._values[output] = shape, value
+        self._follow_index_bounds(node, inputs, values, output)
+
+    def _follow_index_bounds(self, node, inputs: list[str], values: list, output: str) -> None:
+        """Bounds of integer tensors built from `range` (position ids), far enough to see that a
+        gather by them reads the first `limit` rows of a table: Keras' `take` wraps negative
+        indices (`where(i < 0, i + n, i)`), a branch never taken for a range from 0."""
+        bounds = [self._index_bounds.get(t) for t in inputs]
+        if node.op == "Range" and all(v is not None and len(v) == 1 for v in values):
+            (start,), (limit,), (delta,) = values
+            if delta == 1 and start.is_Integer and start >= 0:
+                self._index_bounds[output] = (start, limit - 1)
+        elif node.op in KEEPS_VALUES and bounds[0] is not None:
+            self._index_bounds[output] = bounds[0]
+        elif node.op == "Less" and bounds[0] is not None and _constant(values[1]) is not None:
+            if all((bounds[0][0] - c).is_nonnegative for c in _constant(values[1])):
+                self._never_true.add(output)
+        elif node.op == "SelectV2" and inputs[0] in self._never_true and bounds[2] is not None:
+            self._index_bounds[output] = bounds[2]
+        elif node.op in ("GatherV2", "ResourceGather") and bounds[1] is not None and node.attr["batch_dims"].i == 0:
+            params, axis = self._gathered(node, inputs, values)
+            if params is not None and axis is not None:
+                self._note_slice_limit(bounds[1][1] + 1, params[axis])
+
+    def _gathered(self, node, inputs: list[str], values: list) -> tuple[Shape, int | None]:
+        """A gather's params shape and axis (ResourceGather reads a variable along axis 0)."""
+        if node.op == "ResourceGather":
+            variable = self.index.variable_value(inputs[0])
+            return (None, None) if variable is None else (_integers(np.shape(variable)), 0)
+        params, axis = self._shapes[inputs[0]], _constant(values[2])
+        return (None, None) if params is None or axis is None else (params, axis[0] % len(params))
 
     def _propagate(self, node, shapes: list[Shape], values: list) -> tuple[Shape, tuple | None]:
         """The node's first output: its shape and, for a small integer tensor, its elements."""
@@ -240,42 +274,68 @@ class SymbolicShapes:
         return shape, value
 
     def _rule_GatherV2(self, node, shapes, values):
-        params, indices, axis = shapes[0], shapes[1], _constant(values[2])
+        inputs = [tensor_name(i) for i in node.input if not i.startswith("^")]
+        (params, axis), indices = self._gathered(node, inputs, values), shapes[1]
         if params is None or indices is None or axis is None or node.attr["batch_dims"].i != 0:
             return None, None
-        axis = axis[0] % len(params)
         shape = (*params[:axis], *indices, *params[axis + 1:])
         picks = _constant(values[1])
         value = None if values[0] is None or picks is None else tuple(values[0][i] for i in picks)
         return shape, value
 
+    _rule_ResourceGather = _rule_GatherV2
+
+    def _rule_Range(self, node, shapes, values):
+        if any(v is None or len(v) != 1 or v[0] is None for v in values):
+            return None, None
+        (start,), (limit,), (delta,) = values
+        if not delta.is_Integer or delta <= 0:
+            return None, None
+        length = sympy.ceiling((limit - start) / delta)
+        return (length if length.is_nonnegative else sympy.Max(length, 0),), None
+
+    def _rule_Slice(self, node, shapes, values):
+        source, begin, size = shapes[0], values[1], values[2]
+        if source is None or begin is None or size is None or None in begin or None in size:
+            return None, None
+        shape = []
+        for start, length, dim in zip(begin, size, source):
+            if length == -1:
+                length = None if dim is None else dim - start
+            elif dim is not None:
+                self._note_slice_limit(start + length, dim)
+            shape.append(length)
+        return tuple(shape), None
+
     def _rule_StridedSlice(self, node, shapes, values):
         begin, end, strides = values[1:4]
         source = shapes[0]
-        if source is None or begin is None or end is None or strides is None:
+        if source is None or begin is None or end is None or strides is None or node.attr["ellipsis_mask"].i:
             return None, None
-        if node.attr["ellipsis_mask"].i or node.attr["new_axis_mask"].i:
-            return None, None
-        masks = {k: node.attr[f"{k}_mask"].i for k in ("begin", "end", "shrink_axis")}
-        shape, picks = [], []
-        for axis, dim in enumerate(source):
-            if axis >= len(begin):
-                shape.append(dim)
-                picks.append(slice(None))
+        masks = {k: node.attr[f"{k}_mask"].i for k in ("begin", "end", "shrink_axis", "new_axis")}
+        shape, picks, axis = [], [], 0  # spec entry i slices source axis `axis` (new axes take none)
+        for i in range(len(begin)):
+            if masks["new_axis"] >> i & 1:  # x[None, ...]
+                shape.append(sympy.Integer(1))
                 continue
-            start = sympy.Integer(0) if masks["begin"] >> axis & 1 else begin[axis]
-            stop = dim if masks["end"] >> axis & 1 else end[axis]
-            if masks["shrink_axis"] >> axis & 1:
+            if axis >= len(source):
+                return None, None
+            dim = source[axis]
+            axis += 1
+            start = sympy.Integer(0) if masks["begin"] >> i & 1 else begin[i]
+            stop = dim if masks["end"] >> i & 1 else end[i]
+            if masks["shrink_axis"] >> i & 1:
                 picks.append(start)
                 continue
-            if strides[axis] != 1 or start is None or stop is None or dim is None:
+            if strides[i] != 1 or start is None or stop is None or dim is None:
                 return None, None
             self._note_slice_limit(stop, dim)
             start, stop = (_clamp(v, dim) for v in (start, stop))
             shape.append(sympy.Max(stop - start, 0) if not (stop - start).is_nonnegative else stop - start)
             picks.append(slice(start, stop))
+        shape += source[axis:]
         value = None
-        if len(source) == 1 and values[0] is not None:
+        if len(source) == 1 and values[0] is not None and picks and not masks["new_axis"]:
             pick = picks[0]
             if isinstance(pick, slice) and all(p is None or p.is_Integer for p in (pick.start, pick.stop)):
                 value = values[0][int(pick.start or 0):None if pick.stop is None else int(pick.stop)]

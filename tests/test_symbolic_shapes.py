@@ -4,6 +4,7 @@ broadcasting and contraction, and optimize() falling back to running the model
 where a dim does not follow from the graph."""
 
 import numpy as np
+import pytest
 import sympy
 import tensorflow as tf
 
@@ -105,8 +106,17 @@ def test_a_layer_the_graph_cannot_size_is_sized_by_running_the_model(tmp_path, r
     np.testing.assert_allclose(optimized(x=x)["out"], serve(x)["out"], rtol=1e-5, atol=1e-5)
 
 
-def test_a_dim_without_a_range_goes_up_to_the_table_the_model_slices_by_it(tmp_path):
-    """No range given for T: the model's own position table (40 rows, sliced by T) bounds it."""
+POSITION_READS = {  # T rows of a 40-row position table, as models write it
+    "strided slice": lambda table, t: table[:t],
+    "slice": lambda table, t: tf.slice(table, [0, 0], [t, -1]),
+    "gather": lambda table, t: tf.gather(table, tf.range(t)),
+    "keras take": lambda table, t: tf.gather(table, tf.where(tf.range(t) < 0, tf.range(t) + 40, tf.range(t))),
+}
+
+
+@pytest.mark.parametrize("read", POSITION_READS)
+def test_a_dim_without_a_range_goes_up_to_the_table_the_model_slices_by_it(tmp_path, read):
+    """No range given for T: the model's own position table (40 rows, read up to T) bounds it."""
     class Model(tf.Module):
         def __init__(self):
             super().__init__()
@@ -114,7 +124,7 @@ def test_a_dim_without_a_range_goes_up_to_the_table_the_model_slices_by_it(tmp_p
 
         @tf.function(input_signature=[tf.TensorSpec([None, None, 8], name="x")])
         def serve(self, x):
-            return {"out": x + self.positions[: tf.shape(x)[1]]}
+            return {"out": x + POSITION_READS[read](self.positions, tf.shape(x)[1])}
 
     model = Model()
     tf.saved_model.save(model, str(tmp_path), signatures={"serving_default": model.serve})
@@ -122,3 +132,38 @@ def test_a_dim_without_a_range_goes_up_to_the_table_the_model_slices_by_it(tmp_p
     assert report.ranges["serving_default"]["x"] == [(1, 16), (1, 40), (8, 8)]
     assert "serving_default: x dim 1: no range given, assumed 1..40 (the model slices a dim of 40 by it)" \
         in report.notes
+
+
+def test_a_causal_mask_keeps_the_dims_symbolic(tmp_path):
+    """Keras' causal attention: a band_part triangle broadcast through x[None, None]."""
+    def serve(q, k):
+        t = tf.shape(q)[2]
+        causal = tf.linalg.band_part(tf.ones([t, t]), -1, 0)
+        return {"out": tf.matmul(q, k, transpose_b=True) + (1.0 - causal[None, None, :, :]) * -1e9}
+
+    graph = saved_signature(tmp_path, serve, [tf.TensorSpec([None, 4, None, 8], name=n) for n in ("q", "k")])
+    ranges = [(1, 16), (4, 4), (1, 64), (8, 8)]
+    shapes, out = symbolic(graph, {"q": ranges, "k": ranges})
+    batch, length = out["out"][0], out["out"][2]
+    assert out["out"][1] == 4 and out["out"][3] == length and shapes.range_of(batch) == (1, 16)
+    assert shapes.same(length, sympy.Symbol("q[2]", integer=True, nonnegative=True))
+    assert shapes.same(length, sympy.Symbol("k[2]", integer=True, nonnegative=True))  # the mask ties them
+
+
+def test_a_model_that_fails_at_a_corner_of_the_ranges_is_a_clear_error(tmp_path):
+    """A layer sized by running the model, whose 40-row table T = 128 overruns by a route no rule
+    follows: the error names the corner and TF's reason, not a stack of TF internals."""
+    table = np.zeros((40, 8), np.float32)
+
+    def serve(x):
+        steps = tf.math.cumsum(tf.ones([tf.shape(x)[1]], tf.int32)) - 1  # 0..T-1
+        return {"out": tf.matmul(tf.tile(tf.reshape(x + tf.gather(table, steps), [-1, 8]), [2, 1]), table.T)}
+
+    module = tf.Module()
+    module.serve = tf.function(serve, input_signature=[tf.TensorSpec([None, None, 8], name="x")])
+    tf.saved_model.save(module, str(tmp_path / "in"), signatures={"serving_default": module.serve})
+    with pytest.raises(ValueError, match=r"fails on zero inputs at the highest corner of the shape ranges "
+                                         r"\(x \[16, 128, 8\]\).*indices\[40\] = 40 is not in \[0, 40\)"):
+        tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=search.SearchOptions(**TINY_TUNING_OPTIONS),
+                             database=shared_database())
+    assert not (tmp_path / "out").exists()
