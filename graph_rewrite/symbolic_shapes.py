@@ -29,11 +29,11 @@ from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
 Dim = sympy.Expr | None
 Shape = tuple[Dim, ...] | None
 
-UNARY = {"Abs", "Cast", "Ceil", "ClipByValue", "Cumsum", "Elu", "EnsureShape", "Erf", "Erfc", "Exp", "Floor",
-         "Gelu", "Identity", "LeakyRelu", "Log", "LogSoftmax", "MatrixBandPart", "Neg", "OnesLike", "Reciprocal",
-         "Relu", "Relu6", "Round", "Rsqrt", "Selu", "Sigmoid", "Sign", "Snapshot", "Softmax", "Softplus", "Sqrt",
-         "Square", "StopGradient", "Tanh", "ZerosLike"}  # output shaped as the first input
-KEEPS_VALUE = {"Cast", "Identity", "Snapshot", "StopGradient"}
+UNARY = {"Abs", "Cast", "Ceil", "ClipByValue", "Cumsum", "Elu", "EnsureShape", "Erf", "Erfc", "Exp", "Floor", "Gelu",
+         "Identity", "IdentityN", "LeakyRelu", "Log", "LogSoftmax", "MatrixBandPart", "Neg", "OnesLike",
+         "Reciprocal", "Relu", "Relu6", "Round", "Rsqrt", "Selu", "Sigmoid", "Sign", "Snapshot", "Softmax",
+         "Softplus", "Sqrt", "Square", "StopGradient", "Tanh", "ZerosLike"}  # output shaped as the first input
+KEEPS_VALUE = {"Cast", "Identity", "IdentityN", "Snapshot", "StopGradient"}
 KEEPS_VALUES = KEEPS_VALUE | {"ExpandDims", "Reshape", "Squeeze"}  # the same elements, reshaped
 BROADCASTING = {"Add", "AddV2", "BiasAdd", "Div", "DivNoNan", "Equal", "FloorDiv", "FloorMod", "Greater",
                 "GreaterEqual", "Less", "LessEqual", "LogicalAnd", "LogicalOr", "Maximum", "Minimum", "Mul",
@@ -178,6 +178,9 @@ class SymbolicShapes:
         if value is None:
             value = self._static_value(output, shape)
         self._shapes[output], self._values[output] = shape, value
+        if node.op == "IdentityN":  # output i is input i (custom gradients return their results so)
+            for i in range(1, len(inputs)):
+                self._shapes[f"{node.name}:{i}"], self._values[f"{node.name}:{i}"] = shapes[i], values[i]
         self._follow_index_bounds(node, inputs, values, output)
 
     def _follow_index_bounds(self, node, inputs: list[str], values: list, output: str) -> None:

@@ -211,6 +211,25 @@ def test_activations_in_the_forms_tf_emits(tmp_path, rng, activation, expected):
     np.testing.assert_allclose(optimized(x=x)["out"], model.serve(x)["out"], rtol=1e-5, atol=1e-5)
 
 
+def test_a_custom_gradient_activation_is_sized_by_the_graph_and_saved_without_its_gradient(tmp_path, rng):
+    """Keras' silu is a tf.custom_gradient (an IdentityN in the graph), whose gradient captured a
+    tensor of the original function: TF cannot save it with the rewritten graph. The layer after
+    it is still sized from the graph's shapes, the model is saved without custom gradients, and
+    the report says so."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((None, 16), name="x")
+    model = keras.Model(inputs, keras.layers.Dense(8)(keras.layers.Dense(24, activation="silu")(inputs)))
+    model.export(str(tmp_path / "in"), verbose=False)
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
+                                  shape_ranges={"x": [(1, 2), (1, 9), 16]})
+    assert not any("do not follow from the graph" in note for note in report.notes)
+    assert all(report.dims.get(w) == "M = x[0]*x[1]" for w in report.workloads) and len(report.workloads) == 2
+    assert any("custom gradients (tf.custom_gradient) could not be saved" in note for note in report.notes)
+    x = rng.uniform(-3, 3, (2, 7, 16)).astype(np.float32)
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    np.testing.assert_allclose(optimized(x=x)["output_0"], model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_weights_beyond_the_last_level_cache_are_tuned_cold(tmp_path, rng, monkeypatch):
     """Where one call's dense weights outgrow the last-level cache, every call reads them
     from DRAM: the dense workloads are tuned so, and the report says why."""

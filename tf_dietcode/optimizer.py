@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import pathlib
+import shutil
 import tempfile
 
 import tensorflow as tf
@@ -269,8 +270,9 @@ class Converter:
         output = _checked_output(output_saved_model_dir, self.input_dir, overwrite)
         if not self._built:
             self.build()
+        module = self._module()
         with atomic_directory(output) as staging:
-            tf.saved_model.save(self._module(), str(staging), signatures=self._signatures)
+            _save(module, staging, self._signatures, self.report.notes)
             self.report.warmup_requests = serving_warmup.write(
                 staging / serving_warmup.WARMUP_FILE, {g.key: (g.input_specs, self.ranges[g.key]) for g in self.graphs})
         self.report.output_dir = str(output)
@@ -360,6 +362,26 @@ class Converter:
             module.dense_weights.append(variable)
             self._weights_by_content[key] = variable, packed_n
         return self._weights_by_content[key]
+
+
+def _save(module: tf.Module, directory: pathlib.Path, signatures: dict, notes: list[str]) -> None:
+    """tf.saved_model.save, and again without custom gradients where TF cannot save the original's
+    with the rewritten graph: it traces each `tf.custom_gradient` (Keras' silu) again, and one
+    that captured a tensor of the original function has nothing to capture in the new one."""
+    try:
+        tf.saved_model.save(module, str(directory), signatures=signatures)
+    except ValueError as error:
+        if "custom gradients" not in str(error) and "tracing gradients" not in str(error):
+            raise
+        for path in directory.iterdir():  # whatever the first attempt wrote
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        tf.saved_model.save(module, str(directory), signatures=signatures,
+                            options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
+        notes.append("the model's custom gradients (tf.custom_gradient) could not be saved with the rewritten "
+                     f"graph ({error}); outputs are unchanged, but gradients through those ops are an error")
 
 
 def _checked_output(output_dir: str | pathlib.Path, input_dir: str | pathlib.Path, overwrite: bool) -> pathlib.Path:
