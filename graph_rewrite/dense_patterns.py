@@ -56,7 +56,7 @@ class DenseMatch(WeightDims):
         self.source = self.source or self.x
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class LeftAlone:
     form: str
     node: str

@@ -230,6 +230,13 @@ def test_a_custom_gradient_activation_is_sized_by_the_graph_and_saved_without_it
     np.testing.assert_allclose(optimized(x=x)["output_0"], model(x), rtol=1e-5, atol=1e-5)
 
 
+def test_a_layer_left_alone_is_listed_once_for_signatures_of_one_computation(tmp_path):
+    model = keras.Sequential([keras.Input((16,), name="x"), keras.layers.Dense(8, dtype="float64")])
+    model.export(str(tmp_path / "in"), verbose=False)  # serve and serving_default: one graph
+    summary = tf_dietcode.Converter(tmp_path / "in").convert().summary()
+    assert len([line for line in summary.splitlines() if "left alone: matmul" in line and "not float32" in line]) == 1
+
+
 def test_weights_beyond_the_last_level_cache_are_tuned_cold(tmp_path, rng, monkeypatch):
     """Where one call's dense weights outgrow the last-level cache, every call reads them
     from DRAM: the dense workloads are tuned so, and the report says why."""

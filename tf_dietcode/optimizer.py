@@ -55,7 +55,8 @@ class Report:
         own_forms = ("attention", layer_norm_patterns.FORM, softmax_patterns.FORM)  # the rest are dense forms
         lines += [f"  {form if form.startswith(own_forms) else f'dense ({form})'}: "
                   f"{count} / {self.fused[form]}" for form, count in sorted(self.found.items())]
-        lines += [f"  left alone: {p.form} {p.node}: {p.reason}" for p in self.left_alone]
+        lines += [f"  left alone: {p.form} {p.node}: {p.reason}"  # signatures of one computation name it alike
+                  for p in dict.fromkeys(self.left_alone)]
         lines.append("horizontal fusion: {} GEMMs sharing an input merged into {}".format(*self.merged)
                      if self.horizontal_fusion else "horizontal fusion: off (the default; horizontal_fusion=True or "
                      "--horizontal_fusion merges dense layers that read the same input)")
