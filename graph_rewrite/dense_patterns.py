@@ -5,6 +5,7 @@ fixed at optimize time. The forms:
 
   MatMul(x, W) [transpose_b: W stored [N, K]]           Keras Dense on 2-D input
   Reshape(MatMul(Reshape(...), W), shape)               Keras Dense on N-D input (tensordot, matmul)
+  BatchMatMulV2(x, W) [adj_y: W stored [N, K]]          tf.matmul of an N-D input by a matrix
   Einsum 'abc,cde->abde', 'abcd,cde->abe', ...           EinsumDense (attention projections)
 
 then optionally BiasAdd/Add/AddV2 of a fixed bias, then optionally Relu,
@@ -66,9 +67,9 @@ class LeftAlone:
 def find(index: GraphIndex) -> tuple[list[DenseMatch], list[LeftAlone]]:
     matches, left = [], []
     for node in index.nodes.values():
-        if node.op not in ("MatMul", "Einsum"):
+        if node.op not in CORES:
             continue
-        core = _matmul_core(index, node) if node.op == "MatMul" else _einsum_core(index, node)
+        core = CORES[node.op](index, node)
         if isinstance(core, LeftAlone):
             if core.reason:  # an empty reason: not a dense layer at all (e.g. attention's einsums)
                 left.append(core)
@@ -106,6 +107,22 @@ def _matmul_core(index: GraphIndex, node) -> DenseMatch | LeftAlone:
     elif index.shape(x) is not None and len(index.shape(x)) != 2:
         return LeftAlone(form, node.name, "input is not a matrix")
     return match
+
+
+def _batch_matmul_core(index: GraphIndex, node) -> DenseMatch | LeftAlone:
+    """tf.matmul of an N-D x by a 2-D weight: TF broadcasts the matrix over x's batch dims, so
+    it is a dense layer on x's rows."""
+    form = "matmul"
+    weight = index.value(node.input[1])
+    if weight is None or weight.ndim != 2:
+        return LeftAlone(form, node.name, "")  # a product of two computed operands, or a batch of weights
+    if node.attr["T"].type != 1 or weight.dtype != np.float32:  # DT_FLOAT
+        return LeftAlone(form, node.name, "not float32")
+    if node.attr["adj_x"].b:
+        return LeftAlone(form, node.name, "transpose_a")
+    weight = weight.T if node.attr["adj_y"].b else weight
+    return DenseMatch(form, node.name, tensor_name(node.input[0]), 1, np.ascontiguousarray(weight),
+                      [weight.shape[1]], output=f"{node.name}:0")
 
 
 def _is_flattened(index: GraphIndex, x: str, matmul) -> bool:
@@ -179,3 +196,7 @@ def _extend_epilogue(index: GraphIndex, match: DenseMatch) -> None:
     activation = activation_patterns.match(index, match.output)  # several readers: no sole consumer
     if activation is not None:
         match.activation, match.output = activation
+
+
+CORES = {"MatMul": _matmul_core, "BatchMatMulV2": _batch_matmul_core, "BatchMatMulV3": _batch_matmul_core,
+         "Einsum": _einsum_core}

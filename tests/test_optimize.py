@@ -194,6 +194,31 @@ def test_n_d_dense_layers_become_one_op_each(tmp_path, rng):
         == ["Reshape"]
 
 
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_tf_matmul_of_an_n_d_input_by_a_matrix_is_a_dense_layer(tmp_path, rng, transpose_b):
+    """tf.matmul([B, T, K], [K, N]) is a BatchMatMulV2 that broadcasts the weight: one fused op on
+    the N-D input, with its bias and activation."""
+    weight = rng.uniform(-1, 1, (8, 16) if transpose_b else (16, 8)).astype(np.float32)
+    bias = rng.uniform(-1, 1, 8).astype(np.float32)
+
+    def serve(x):
+        return {"out": tf.nn.relu(tf.matmul(x, weight, transpose_b=transpose_b) + bias)}
+
+    module = tf.Module()
+    module.serve = tf.function(serve, input_signature=[tf.TensorSpec([None, None, 16], name="x")])
+    tf.saved_model.save(module, str(tmp_path / "in"), signatures={"serving_default": module.serve})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
+                                  shape_ranges={"x": [(1, 2), (1, 9), 16]})
+    [workload] = report.workloads
+    assert dict(report.fused) == {"matmul": 1} and report.dims[workload] == "M = x[0]*x[1]"
+    assert workload.activation == "relu" and workload.bias
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    for shape in [(2, 7, 16), (1, 1, 16), (3, 12, 16), (0, 4, 16)]:  # in range, its corner, outside, empty
+        x = rng.uniform(-1, 1, shape).astype(np.float32)
+        np.testing.assert_allclose(optimized(x=x)["out"], serve(x)["out"], rtol=1e-5, atol=1e-5)
+    assert "BatchMatMulV2" not in {n.op for f in optimized.graph.as_graph_def().library.function for n in f.node_def}
+
+
 @pytest.mark.parametrize("activation,expected", [
     (lambda x: tf.nn.gelu(x, approximate=True), "gelu_tanh"),
     (lambda x: tf.nn.gelu(x, approximate=False), "gelu"),
