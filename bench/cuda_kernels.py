@@ -93,7 +93,8 @@ def operands(workload: dict, dims: dict, generator: torch.Generator) -> dict:
 def activation(name: str, x: torch.Tensor) -> torch.Tensor:
     functions = {"none": lambda v: v, "relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
                  "gelu": torch.nn.functional.gelu,
-                 "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh")}
+                 "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"),
+                 "silu": torch.nn.functional.silu}
     return functions[name](x)
 
 

@@ -9,7 +9,7 @@ fixed at optimize time. The forms:
   Einsum 'abc,cde->abde', 'abcd,cde->abe', ...           EinsumDense (attention projections)
 
 then optionally BiasAdd/Add/AddV2 of a fixed bias, then optionally Relu,
-Tanh, Sigmoid, or GELU in the forms TF emits (activation_patterns).
+Tanh, Sigmoid, GELU or SiLU in the forms TF emits (activation_patterns).
 A step is only taken while the previous result has no other reader.
 """
 

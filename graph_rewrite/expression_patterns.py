@@ -51,7 +51,15 @@ def read_only_inside(index: GraphIndex, nodes: set, root: str, also: tuple[str, 
     """Whether every node of a matched tree but its root (and the tensors in `also`) is read
     only by the tree: replacing the tree then leaves no reader without its input."""
     tensors = [*also, *(f"{n}:{i}" for n in nodes - {root} for i in range(_outputs(index, n)))]
-    return all(reader in nodes for t in tensors for reader in index.consumers.get(t, []))
+    return all(reader in nodes or _unread_identity(index, reader) for t in tensors
+               for reader in index.consumers.get(t, []))
+
+
+def _unread_identity(index: GraphIndex, name: str) -> bool:
+    """An Identity nothing reads: tf.custom_gradient leaves one beside its IdentityN. It keeps
+    no work alive that the fused op would otherwise save twice (were it a signature's output,
+    the tree would just stay computed for it)."""
+    return index.nodes[name].op == "Identity" and not index.consumers.get(f"{name}:0")
 
 
 def _outputs(index: GraphIndex, node: str) -> int:

@@ -84,6 +84,7 @@ Activation ParseActivation(const std::string& name) {
   if (name == "sigmoid") return Activation::kSigmoid;
   if (name == "gelu") return Activation::kGeluExact;
   if (name == "gelu_tanh") return Activation::kGeluTanh;
+  if (name == "silu") return Activation::kSilu;
   return Activation::kNone;
 }
 

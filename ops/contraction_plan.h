@@ -17,7 +17,7 @@
 
 namespace tf_dietcode {
 
-enum class Activation { kNone, kRelu, kTanh, kSigmoid, kGeluExact, kGeluTanh };
+enum class Activation { kNone, kRelu, kTanh, kSigmoid, kGeluExact, kGeluTanh, kSilu };
 
 // Parses the `activation` attr value; the attr's allowed list keeps it valid.
 Activation ParseActivation(const std::string& name);

@@ -42,6 +42,9 @@ void ApplyEpilogue(const ContractionPlan& plan, float* row, int64_t cols,
       r = 0.5f * r *
           (1.0f + (0.7978845608028654f * (r + 0.044715f * r.cube())).tanh());
       break;
+    case Activation::kSilu:  // tf.nn.silu: x * sigmoid(x)
+      r = r * r.logistic();
+      break;
   }
 }
 

@@ -209,7 +209,7 @@ REGISTER_OP("DietcodeFusedMatMul")
     .Attr("transpose_a: bool = false")
     .Attr("transpose_b: bool = false")
     .Attr("activation: {'none', 'relu', 'tanh', 'sigmoid', 'gelu', "
-          "'gelu_tanh'} = 'none'")
+          "'gelu_tanh', 'silu'} = 'none'")
     .Attr("packed_n: int >= 0 = 0")
     .Attr("num_k_dims: int >= 1 = 1")
     .Attr("n_dims: list(int) = []")
@@ -232,7 +232,8 @@ groups: > 1 for layers side by side in b (horizontal fusion): each of its
   Unpack) gives each layer's output without a copy. A packed b's blocks must
   not straddle groups; n_dims must be empty.
 bundle: scalar path of a tuned kernel bundle, "" for none.
-activation: 'gelu' is the exact (erf) form, 'gelu_tanh' the tanh approximation.
+activation: 'gelu' is the exact (erf) form, 'gelu_tanh' the tanh approximation,
+  'silu' x * sigmoid(x) (swish).
 )doc");
 
 REGISTER_OP("DietcodeBundleStats")

@@ -78,8 +78,8 @@ def test_outputs_match_dense(rng, activation, use_bias):
 
 
 @pytest.mark.parametrize("activation, epilogue", [("linear", "none"), (None, "none"), ("relu", "relu"),
-                                                  ("tanh", "tanh"), ("gelu", "gelu"), ("sigmoid", "none"),
-                                                  ("softmax", "none")])
+                                                  ("tanh", "tanh"), ("gelu", "gelu"), ("silu", "silu"),
+                                                  ("swish", "silu"), ("sigmoid", "none"), ("softmax", "none")])
 def test_the_op_runs_with_the_activation_fused_where_it_can(rng, activation, epilogue):
     _, diet = _pair(rng, activation=activation)
     graph = tf.function(diet).get_concrete_function(tf.TensorSpec([None, None, K])).graph
@@ -102,7 +102,7 @@ def test_sigmoid_keeps_keras_logits_for_crossentropy(rng):
     assert float(expected) > 39.0
 
 
-@pytest.mark.parametrize("activation", ["gelu", "sigmoid", "softplus"])
+@pytest.mark.parametrize("activation", ["gelu", "silu", "sigmoid", "softplus"])
 def test_gradients_match_dense(rng, activation):
     dense, diet = _pair(rng, activation=activation)
     x = tf.constant(random_tensor(rng, (3, 4, K)))

@@ -224,6 +224,9 @@ def test_tf_matmul_of_an_n_d_input_by_a_matrix_is_a_dense_layer(tmp_path, rng, t
     (lambda x: tf.nn.gelu(x, approximate=False), "gelu"),
     (lambda x: keras.activations.gelu(x, approximate=True), "gelu_tanh"),
     (tf.nn.relu, "relu"),
+    (tf.nn.silu, "silu"),  # a tf.custom_gradient: x * sigmoid(1.0 * x) returned through an IdentityN
+    (keras.activations.swish, "silu"),
+    (lambda x: x * tf.sigmoid(x), "silu"),
     (lambda x: tf.nn.gelu(x) + x, "none"),  # the activation's input read elsewhere: not fused
 ])
 def test_activations_in_the_forms_tf_emits(tmp_path, rng, activation, expected):
@@ -236,15 +239,26 @@ def test_activations_in_the_forms_tf_emits(tmp_path, rng, activation, expected):
     np.testing.assert_allclose(optimized(x=x)["out"], model.serve(x)["out"], rtol=1e-5, atol=1e-5)
 
 
-def test_a_custom_gradient_activation_is_sized_by_the_graph_and_saved_without_its_gradient(tmp_path, rng):
-    """Keras' silu is a tf.custom_gradient (an IdentityN in the graph), whose gradient captured a
-    tensor of the original function: TF cannot save it with the rewritten graph. The layer after
-    it is still sized from the graph's shapes, the model is saved without custom gradients, and
-    the report says so."""
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((None, 16), name="x")
-    model = keras.Model(inputs, keras.layers.Dense(8)(keras.layers.Dense(24, activation="silu")(inputs)))
-    model.export(str(tmp_path / "in"), verbose=False)
+@tf.custom_gradient
+def _clip_with_its_own_gradient(x):
+    def gradient(dy):
+        return dy * tf.cast(tf.abs(x) <= 1.0, dy.dtype)  # captures the forward graph's x
+    return tf.clip_by_value(x, -1.0, 1.0), gradient
+
+
+def test_a_custom_gradient_between_layers_is_sized_by_the_graph_and_saved_without_its_gradient(tmp_path, rng):
+    """A tf.custom_gradient puts an IdentityN after its result; this one's gradient captured a
+    tensor of the original function, which TF cannot save with the rewritten graph. The layer
+    after it is still sized from the graph's shapes, the model is saved without custom
+    gradients, and the report says so."""
+    w1, w2 = rng.uniform(-1, 1, (16, 24)).astype(np.float32), rng.uniform(-1, 1, (24, 8)).astype(np.float32)
+
+    def serve(x):
+        return {"out": tf.matmul(_clip_with_its_own_gradient(tf.matmul(x, w1)), w2)}
+
+    module = tf.Module()
+    module.serve = tf.function(serve, input_signature=[tf.TensorSpec([None, None, 16], name="x")])
+    tf.saved_model.save(module, str(tmp_path / "in"), signatures={"serving_default": module.serve})
     report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
                                   shape_ranges={"x": [(1, 2), (1, 9), 16]})
     assert not any("do not follow from the graph" in note for note in report.notes)
@@ -252,7 +266,7 @@ def test_a_custom_gradient_activation_is_sized_by_the_graph_and_saved_without_it
     assert any("custom gradients (tf.custom_gradient) could not be saved" in note for note in report.notes)
     x = rng.uniform(-3, 3, (2, 7, 16)).astype(np.float32)
     optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
-    np.testing.assert_allclose(optimized(x=x)["output_0"], model(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(optimized(x=x)["out"], serve(x)["out"], rtol=1e-5, atol=1e-5)
 
 
 def test_a_layer_left_alone_is_listed_once_for_signatures_of_one_computation(tmp_path):

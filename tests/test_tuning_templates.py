@@ -19,7 +19,7 @@ WORKLOADS = [
     Workload("dense", (1, 16), 33, 8, bias=True, activation="tanh"),
     Workload("dense", (1, 16), 9, 16, activation="sigmoid"),
     Workload("dense", (1, 64), 48, 40, bias=True, activation="gelu", weight_layout="in_place"),
-    Workload("dense", (1, 32), 24, 17, weight_layout="in_place"),            # in place, prime K
+    Workload("dense", (1, 32), 24, 17, activation="silu", weight_layout="in_place"),  # in place, prime K
     Workload("batch_matmul", (1, 40), (1, 40), 16, b=6, ties=("m", "n")),           # scores: q k^T
     Workload("batch_matmul", (1, 40), 32, (1, 40), b=6, transpose_b=False, ties=("m", "k")),  # probs v
     Workload("batch_matmul", (0, 9), (1, 23), (2, 13), b=(1, 3), transpose_b=False),  # all dynamic

@@ -33,7 +33,7 @@ _observed_rows: dict[int, list[int]] | None = None
 # Sigmoid is left out on purpose: Keras' sigmoid tags its output with the logits
 # (`_keras_logits`), which binary cross-entropy reads to stay stable on saturated
 # outputs; a fused sigmoid would lose them and change the loss.
-_FUSED_ACTIVATIONS = {"linear": "none", "relu": "relu", "tanh": "tanh", "gelu": "gelu"}
+_FUSED_ACTIVATIONS = {"linear": "none", "relu": "relu", "tanh": "tanh", "gelu": "gelu", "silu": "silu"}
 
 
 def _fused_activation(activation) -> str | None:

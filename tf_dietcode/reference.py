@@ -15,6 +15,7 @@ ACTIVATIONS = {
     "sigmoid": tf.sigmoid,
     "gelu": functools.partial(tf.nn.gelu, approximate=False),
     "gelu_tanh": functools.partial(tf.nn.gelu, approximate=True),
+    "silu": tf.nn.silu,
 }
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 KINDS = ("dense", "batch_matmul")
 DIMS = ("b", "m", "n", "k")
-ACTIVATIONS = ("none", "relu", "tanh", "sigmoid", "gelu", "gelu_tanh")
+ACTIVATIONS = ("none", "relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu")
 WEIGHT_LAYOUTS = ("any", "packed", "in_place")
 
 

@@ -64,4 +64,6 @@ def apply(name: str, x):
         return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
     if name == "gelu_tanh":
         return 0.5 * x * (1.0 + tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+    if name == "silu":
+        return x * te.sigmoid(x)
     raise ValueError(f"unknown activation {name!r}")

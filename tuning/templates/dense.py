@@ -196,6 +196,7 @@ def reference_output(operands: dict[str, np.ndarray], workload: Workload) -> np.
         "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
         "gelu": lambda v: 0.5 * v * (1 + erf(v / np.sqrt(2))),
         "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3))),
+        "silu": lambda v: v / (1 + np.exp(-v)),
     }[workload.activation](out)
     rows = out.shape[0]
     return out.reshape(rows, workload.groups, workload.group_n).transpose(1, 0, 2).reshape(output_shape(workload, rows))
