@@ -12,6 +12,15 @@ import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
 
+# Ops that only move a tensor's elements, as numpy does them: (node, operand values) -> value.
+REARRANGEMENTS = {
+    "Reshape": lambda node, value, shape: np.reshape(value, shape),
+    "Transpose": lambda node, value, perm: np.transpose(value, perm),
+    "ExpandDims": lambda node, value, axis: np.expand_dims(value, int(axis)),
+    "Squeeze": lambda node, value: np.squeeze(value, axis=tuple(node.attr["squeeze_dims"].list.i) or None),
+}
+
+
 def node_name(tensor: str) -> str:
     return tensor.lstrip("^").split(":")[0]
 
@@ -47,13 +56,18 @@ class GraphIndex:
         return shape.as_list() if shape.rank is not None else None
 
     def value(self, tensor: str) -> np.ndarray | None:
-        """The tensor's value if it is fixed at optimize time: a constant or a
-        captured variable read (variables are read at their current value)."""
+        """The tensor's value if it is fixed at optimize time: a constant, a captured variable
+        read (variables are read at their current value), or one of those rearranged (a weight
+        stored [N, K] and transposed, or [1, K, N] and reshaped, as PyTorch-style layers and
+        GPT-2's conv1d keep theirs)."""
         node = self.producer(tensor)
         if node.op == "ReadVariableOp":
             return self.variable_value(node.input[0])
         if node.op == "Identity":
             return self.value(node.input[0])
+        if node.op in REARRANGEMENTS and tensor_name(tensor) == f"{node.name}:0":
+            operands = [self.value(i) for i in node.input if not i.startswith("^")]
+            return None if any(o is None for o in operands) else REARRANGEMENTS[node.op](node, *operands)
         return tensor_util.constant_value(self.graph.get_tensor_by_name(tensor_name(tensor)))
 
     def variable_value(self, handle: str) -> np.ndarray | None:

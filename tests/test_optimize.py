@@ -219,6 +219,37 @@ def test_tf_matmul_of_an_n_d_input_by_a_matrix_is_a_dense_layer(tmp_path, rng, t
     assert "BatchMatMulV2" not in {n.op for f in optimized.graph.as_graph_def().library.function for n in f.node_def}
 
 
+STORED_WEIGHTS = {  # a [16, 24] weight as layers store it: (stored shape, the graph's way back to [16, 24])
+    "as is": ((16, 24), lambda w: w),
+    "transposed": ((24, 16), tf.transpose),  # PyTorch-style [N, K]
+    "reshaped": ((1, 16, 24), lambda w: tf.reshape(w, [16, 24])),  # GPT-2's conv1d
+    "squeezed": ((1, 16, 24), lambda w: tf.squeeze(w, 0)),
+}
+
+
+@pytest.mark.parametrize("stored", STORED_WEIGHTS)
+def test_a_weight_variable_rearranged_in_the_graph_is_still_a_fixed_weight(tmp_path, rng, stored):
+    shape, rearrange = STORED_WEIGHTS[stored]
+
+    class Layer(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = tf.Variable(rng.uniform(-1, 1, shape).astype(np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 16], name="x")])
+        def serve(self, x):
+            return {"out": tf.matmul(x, rearrange(self.weight))}
+
+    layer = Layer()
+    tf.saved_model.save(layer, str(tmp_path / "in"), signatures={"serving_default": layer.serve})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
+                                  shape_ranges={"x": [(1, 9), 16]})
+    assert dict(report.fused) == {"matmul": 1}
+    x = rng.uniform(-1, 1, (7, 16)).astype(np.float32)
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    np.testing.assert_allclose(optimized(x=x)["out"], layer.serve(x)["out"], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("activation,expected", [
     (lambda x: tf.nn.gelu(x, approximate=True), "gelu_tanh"),
     (lambda x: tf.nn.gelu(x, approximate=False), "gelu"),
