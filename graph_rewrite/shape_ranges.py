@@ -103,12 +103,12 @@ def corner_shapes(function, specs: dict[str, tf.TensorSpec], ranges: DimRanges) 
         except tf.errors.OpError as error:
             shapes = ", ".join(f"{name} {list(t.shape)}" for name, t in zip(specs, inputs))
             raise ValueError(f"the model fails on zero inputs at the {end} corner of the shape ranges ({shapes}), "
-                             f"which optimize() runs to size its layers: {_op_error_summary(error)}.\n"
+                             f"which optimize() runs to size its layers: {op_error_summary(error)}.\n"
                              "Give shape_ranges (or input_fn) within the shapes the model accepts.") from None
     return {name: (corners[0][name], corners[1][name]) for name in corners[0]}
 
 
-def _op_error_summary(error: tf.errors.OpError) -> str:
+def op_error_summary(error: tf.errors.OpError) -> str:
     """TF's message without its Python stack: what failed and at which node."""
     lines = [line.strip() for line in error.message.splitlines()]
     what = [line for line in lines if line and not line.startswith(("File ", "[[", "Detected at", "Graph execution"))]

@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tf_dietcode
+from tf_dietcode import serving_warmup
 from tf_dietcode.tuning import hardware, search
 from tf_dietcode.tuning.workload import DimRange
 
@@ -248,6 +249,36 @@ def test_a_weight_variable_rearranged_in_the_graph_is_still_a_fixed_weight(tmp_p
     x = rng.uniform(-1, 1, (7, 16)).astype(np.float32)
     optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
     np.testing.assert_allclose(optimized(x=x)["out"], layer.serve(x)["out"], rtol=1e-5, atol=1e-5)
+
+
+def test_warmup_requests_leave_out_shapes_the_model_does_not_accept(tmp_path, rng):
+    """shape_ranges up to T = 60 for a model that gathers T rows of a 40-row position table:
+    TF Serving would fail the model's load on a warm-up request it cannot run, so those are
+    left out, with a note; the rest run on the optimized model."""
+    weight = rng.uniform(-1, 1, (8, 8)).astype(np.float32)
+
+    class Model(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.positions = tf.Variable(rng.uniform(-1, 1, (40, 8)).astype(np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, None, 8], name="x")])
+        def serve(self, x):
+            return {"out": tf.matmul(x + tf.gather(self.positions, tf.range(tf.shape(x)[1])), weight)}
+
+    model = Model()
+    tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
+                                  shape_ranges={"x": [(1, 2), (1, 60), 8]})
+    requests = serving_warmup.read(tmp_path / "out" / serving_warmup.WARMUP_FILE)
+    lengths = [tf.TensorShape(r.inputs["x"].tensor_shape).as_list()[1] for r in requests]
+    assert lengths == [1, 20, 40] and report.warmup_requests == 3  # 60 left out
+    assert any("no warm-up request at x [2, 60, 8]: the original model fails there (indices[40] = 40 is not in"
+               in note for note in report.notes)
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    for request in requests:
+        x = tf.make_ndarray(request.inputs["x"])
+        np.testing.assert_allclose(optimized(x=x)["out"], model.serve(x)["out"], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("activation,expected", [

@@ -274,13 +274,33 @@ class Converter:
         module = self._module()
         with atomic_directory(output) as staging:
             _save(module, staging, self._signatures, self.report.notes)
-            self.report.warmup_requests = serving_warmup.write(
-                staging / serving_warmup.WARMUP_FILE, {g.key: (g.input_specs, self.ranges[g.key]) for g in self.graphs})
+            self.report.warmup_requests = serving_warmup.write(staging / serving_warmup.WARMUP_FILE, self._runnable(
+                serving_warmup.requests({g.key: (g.input_specs, self.ranges[g.key]) for g in self.graphs})))
         self.report.output_dir = str(output)
         return self.report
 
     def summary(self) -> str:
         return self.report.summary()
+
+    def _runnable(self, requests: list[serving_warmup.Request]) -> list[serving_warmup.Request]:
+        """The requests the original model runs (once per computation and shape), each other one
+        left out with a note: TF Serving would fail the model's load on it."""
+        failures, kept = {}, []
+        for key, inputs in requests:
+            seen = (self._computations[key], tuple((name, value.shape) for name, value in inputs.items()))
+            if seen not in failures:
+                try:
+                    self.loaded.signatures[key](**{name: tf.constant(v) for name, v in inputs.items()})
+                    failures[seen] = None
+                except tf.errors.OpError as error:
+                    failures[seen] = shape_ranges.op_error_summary(error)
+            if failures[seen] is None:
+                kept.append((key, inputs))
+            else:
+                shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in inputs.items())
+                self.report.notes.append(f"{key}: no warm-up request at {shapes}: the original model fails there "
+                                         f"({failures[seen]}); the shape ranges reach beyond what it accepts")
+        return kept
 
     def _module(self) -> tf.Module:
         """A module tracking the variables, packed weights and bundle the rewritten signatures capture."""

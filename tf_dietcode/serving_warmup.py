@@ -7,7 +7,9 @@ load and check the kernel bundle and run tuned kernels of several shape
 classes then, not on the first user's request.
 
 Inputs are zeros, the one value valid for every input a model can have (token
-ids, masks, features); a request that fails would fail the model's load.
+ids, masks, features); a request that fails would fail the model's load, so
+optimize() writes only those the original model runs (shape ranges may reach
+beyond what a model accepts, e.g. a sequence longer than its position table).
 """
 
 import pathlib
@@ -34,20 +36,26 @@ def warmup_shapes(ranges: DimRanges, points: int = POINTS) -> list[dict[str, lis
     return shapes
 
 
-def write(path: pathlib.Path, signatures: dict[str, tuple[dict[str, tf.TensorSpec], DimRanges]]) -> int:
-    """Writes the requests of every signature ({key: (input specs, ranges)}); returns their count."""
+Request = tuple[str, dict[str, np.ndarray]]  # (signature key, inputs by name)
+
+
+def requests(signatures: dict[str, tuple[dict[str, tf.TensorSpec], DimRanges]]) -> list[Request]:
+    """The zero-input requests of every signature ({key: (input specs, ranges)}), short to long."""
+    return [(key, {name: np.zeros(shape[name], spec.dtype.as_numpy_dtype) for name, spec in specs.items()})
+            for key, (specs, ranges) in signatures.items() for shape in warmup_shapes(ranges)]
+
+
+def write(path: pathlib.Path, requests: list[Request]) -> int:
+    """Writes the requests as PredictionLogs; returns their count."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    count = 0
     with tf.io.TFRecordWriter(str(path)) as writer:
-        for key, (specs, ranges) in signatures.items():
-            for shape in warmup_shapes(ranges):
-                request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(signature_name=key))
-                for name, spec in specs.items():
-                    request.inputs[name].CopyFrom(tf.make_tensor_proto(np.zeros(shape[name], spec.dtype.as_numpy_dtype)))
-                log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
-                writer.write(log.SerializeToString())
-                count += 1
-    return count
+        for key, inputs in requests:
+            request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(signature_name=key))
+            for name, value in inputs.items():
+                request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+    return len(requests)
 
 
 def read(path: pathlib.Path) -> list[predict_pb2.PredictRequest]:
