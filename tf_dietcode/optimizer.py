@@ -387,8 +387,8 @@ class Converter:
 
 def _save(module: tf.Module, directory: pathlib.Path, signatures: dict, notes: list[str]) -> None:
     """tf.saved_model.save, and again without custom gradients where TF cannot save the original's
-    with the rewritten graph: it traces each `tf.custom_gradient` (Keras' silu) again, and one
-    that captured a tensor of the original function has nothing to capture in the new one."""
+    with the rewritten graph: it traces each `tf.custom_gradient` left in it again, and one that
+    captured a tensor of the original function has nothing to capture in the new one."""
     try:
         tf.saved_model.save(module, str(directory), signatures=signatures)
     except ValueError as error:
