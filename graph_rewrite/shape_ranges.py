@@ -101,11 +101,16 @@ def corner_shapes(function, specs: dict[str, tf.TensorSpec], ranges: DimRanges) 
         try:
             corners.append({name: t.shape.as_list() for name, t in function(*inputs).items()})
         except tf.errors.OpError as error:
-            shapes = ", ".join(f"{name} {list(t.shape)}" for name, t in zip(specs, inputs))
+            shapes = shapes_text(dict(zip(specs, inputs)))
             raise ValueError(f"the model fails on zero inputs at the {end} corner of the shape ranges ({shapes}), "
                              f"which optimize() runs to size its layers: {op_error_summary(error)}.\n"
                              "Give shape_ranges (or input_fn) within the shapes the model accepts.") from None
     return {name: (corners[0][name], corners[1][name]) for name in corners[0]}
+
+
+def shapes_text(inputs: dict) -> str:
+    """Inputs (tensors or arrays, by name) as messages name them: 'x [2, 60, 8], mask [2, 60]'."""
+    return ", ".join(f"{name} {list(value.shape)}" for name, value in inputs.items())
 
 
 def op_error_summary(error: tf.errors.OpError) -> str:

@@ -200,16 +200,17 @@ class SymbolicShapes:
         elif node.op == "SelectV2" and inputs[0] in self._never_true and bounds[2] is not None:
             self._index_bounds[output] = bounds[2]
         elif node.op in ("GatherV2", "ResourceGather") and bounds[1] is not None and node.attr["batch_dims"].i == 0:
-            params, axis = self._gathered(node, inputs, values)
+            params, axis = self._gathered(node, self._shapes[inputs[0]], values)
             if params is not None and axis is not None:
                 self._note_slice_limit(bounds[1][1] + 1, params[axis])
 
-    def _gathered(self, node, inputs: list[str], values: list) -> tuple[Shape, int | None]:
-        """A gather's params shape and axis (ResourceGather reads a variable along axis 0)."""
+    def _gathered(self, node, params: Shape, values: list) -> tuple[Shape, int | None]:
+        """A gather's params shape and axis (ResourceGather reads the variable its handle names,
+        along axis 0)."""
         if node.op == "ResourceGather":
-            variable = self.index.variable_value(inputs[0])
+            variable = self.index.variable_value(node.input[0])
             return (None, None) if variable is None else (_integers(np.shape(variable)), 0)
-        params, axis = self._shapes[inputs[0]], _constant(values[2])
+        axis = _constant(values[2])
         return (None, None) if params is None or axis is None else (params, axis[0] % len(params))
 
     def _propagate(self, node, shapes: list[Shape], values: list) -> tuple[Shape, tuple | None]:
@@ -277,8 +278,7 @@ class SymbolicShapes:
         return shape, value
 
     def _rule_GatherV2(self, node, shapes, values):
-        inputs = [tensor_name(i) for i in node.input if not i.startswith("^")]
-        (params, axis), indices = self._gathered(node, inputs, values), shapes[1]
+        (params, axis), indices = self._gathered(node, shapes[0], values), shapes[1]
         if params is None or indices is None or axis is None or node.attr["batch_dims"].i != 0:
             return None, None
         shape = (*params[:axis], *indices, *params[axis + 1:])

@@ -297,8 +297,8 @@ class Converter:
             if failures[seen] is None:
                 kept.append((key, inputs))
             else:
-                shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in inputs.items())
-                self.report.notes.append(f"{key}: no warm-up request at {shapes}: the original model fails there "
+                self.report.notes.append(f"{key}: no warm-up request at {shape_ranges.shapes_text(inputs)}: "
+                                         "the original model fails there "
                                          f"({failures[seen]}); the shape ranges reach beyond what it accepts")
         return kept
 
