@@ -1,12 +1,30 @@
-"""Bundles and optimized models appear whole or not at all."""
+"""Bundles and optimized models appear whole or not at all, readable as any other output."""
 
+import contextlib
+import json
+import os
 import signal
+import stat
 import subprocess
 import sys
 
 import pytest
 
+from tf_dietcode import bundle_store
 from tf_dietcode.atomic_output import atomic_directory
+
+
+@contextlib.contextmanager
+def umask(mask):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path):
+    return stat.S_IMODE(path.stat().st_mode)
 
 
 def test_a_failure_leaves_the_old_output_and_no_staging(tmp_path):
@@ -30,6 +48,19 @@ def test_success_replaces_the_output_in_one_step(tmp_path):
         (staging / "new").write_text("whole")
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
     assert [p.name for p in target.iterdir()] == ["new"]
+
+
+def test_the_output_and_stored_bundles_have_the_modes_the_umask_gives(tmp_path):
+    """As tf.saved_model.save's output does: a server running as another user reads them."""
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "kernels.so").write_bytes(b"library")
+    (tmp_path / "bundle" / "manifest.json").write_text(json.dumps({"library": "kernels.so"}))
+    with umask(0o022):
+        with atomic_directory(tmp_path / "model") as staging:
+            (staging / "saved_model.pb").write_text("new")
+        stored = bundle_store.install(tmp_path / "bundle" / "manifest.json", store=tmp_path / "store")
+    assert mode(tmp_path / "model") == 0o755
+    assert [mode(path) for path in bundle_store.files(stored)] == [0o644, 0o644]
 
 
 KILLED_AT_STEP = """

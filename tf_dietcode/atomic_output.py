@@ -5,8 +5,8 @@ Plain Python with no TensorFlow, so the tuner uses it too.
 
 import contextlib
 import pathlib
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 
 
@@ -16,13 +16,25 @@ def atomic_directory(target: pathlib.Path) -> Iterator[pathlib.Path]:
     normally the staging directory takes `target`'s place; when it raises, the
     staging directory is removed and `target` is left as it was."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    staging = _new_directory(target.parent, f".{target.name}-")
     try:
         yield staging
         _replace(target, staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _new_directory(parent: pathlib.Path, prefix: str) -> pathlib.Path:
+    """A directory of a new name, with the mode the umask gives any other (as tf.saved_model.save's
+    are): tempfile.mkdtemp's 0700 would keep out a server running as another user."""
+    while True:
+        path = parent / f"{prefix}{secrets.token_hex(6)}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
 
 
 def _replace(target: pathlib.Path, staging: pathlib.Path) -> None:

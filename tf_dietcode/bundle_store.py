@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
+import secrets
 
 
 def root() -> pathlib.Path:
@@ -55,7 +55,12 @@ def install(manifest_path: str | os.PathLike, store: pathlib.Path | None = None)
 
 
 def _atomic_write(target: pathlib.Path, data: bytes) -> None:
-    """Readers see the whole file or none (concurrent installs of one bundle are harmless)."""
-    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".staging-", delete=False) as staging:
-        staging.write(data)
-    os.replace(staging.name, target)
+    """Readers see the whole file or none (concurrent installs of one bundle are harmless). Its
+    mode follows the umask, as any file's: a SavedModel's assets/ gets a copy of it."""
+    staging = target.with_name(f".staging-{secrets.token_hex(6)}-{target.name}")
+    try:
+        staging.write_bytes(data)
+        os.replace(staging, target)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
