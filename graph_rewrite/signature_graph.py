@@ -8,11 +8,13 @@ captured resource handles, kept by the name of the placeholder that stands
 for them, so the rewritten function captures the same variables again.
 """
 
+import contextlib
 import dataclasses
 
 import tensorflow as tf
 from tensorflow.python.eager import wrap_function
 from tensorflow.python.framework import convert_to_constants
+from tensorflow.python.trackable import resource
 
 
 @dataclasses.dataclass
@@ -43,8 +45,9 @@ def from_signature(key: str, function) -> SignatureGraph:
     output_names = sorted(function.structured_outputs)  # signatures return a dict
     if len(output_names) != len(function.outputs):
         raise ValueError(f"signature {key!r} returns composite tensors, which optimize() does not rewrite")
-    graph_def = convert_to_constants._run_inline_graph_optimization(  # noqa: SLF001 (TF's own freezing uses it)
-        function, lower_control_flow=False, aggressive_inlining=True)
+    with _collections_hidden(function.graph):
+        graph_def = convert_to_constants._run_inline_graph_optimization(  # noqa: SLF001 (TF's own freezing uses it)
+            function, lower_control_flow=False, aggressive_inlining=True)
     return SignatureGraph(
         key=key,
         input_specs={name: specs[name] for name in names},
@@ -55,6 +58,38 @@ def from_signature(key: str, function) -> SignatureGraph:
     )
 
 
-def variables_of(root) -> dict[int, tf.Variable]:
-    """Every variable reachable from a loaded SavedModel, by id of its handle."""
-    return {id(v.handle): v for v in tf.train.TrackableView(root).descendants() if isinstance(v, tf.Variable)}
+@contextlib.contextmanager
+def _collections_hidden(graph: tf.Graph):
+    """The graph without its collections for a while. A signature of a TF1 SavedModel keeps its
+    model's: their table initializers are not in the signature's pruned graph, and Grappler
+    refuses a graph whose initializers it cannot find (TF2 functions have none)."""
+    collections = {key: graph.get_collection(key) for key in graph.get_all_collection_keys()}
+    for key in collections:
+        graph.clear_collection(key)
+    try:
+        yield
+    finally:
+        for key, values in collections.items():
+            graph.get_collection_ref(key).extend(values)
+
+
+def resources_of(root) -> dict[int, tf.Variable | tf.saved_model.experimental.TrackableResource]:
+    """Every variable and other resource (a lookup table, ...) reachable from a loaded SavedModel,
+    by id of its handle: the rewritten signatures capture the same ones, so the output tracks them."""
+    found = {}
+    for obj in tf.train.TrackableView(root).descendants():
+        if isinstance(obj, tf.Variable):
+            found[id(obj.handle)] = obj
+        elif isinstance(obj, tf.saved_model.experimental.TrackableResource):
+            found[id(obj.resource_handle)] = obj
+    return found
+
+
+def tf1_initialization(root) -> list:
+    """A TF1 SavedModel's initialization (its init op: tables read from vocabulary files, ...) and
+    the assets it reads, as TF's loader restores them (`initializer`, `asset_paths`); saved again,
+    they run when the optimized model loads."""
+    initializer = getattr(root, "initializer", None)
+    if not isinstance(initializer, resource.CapturableResource):
+        return []
+    return [initializer, *getattr(root, "asset_paths", [])]

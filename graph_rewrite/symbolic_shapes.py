@@ -383,6 +383,11 @@ class SymbolicShapes:
     def _rule_Fill(self, node, shapes, values):
         return values[0], None
 
+    def _rule_LookupTableFindV2(self, node, shapes, values):
+        """A table lookup (StringLookup's token ids): a value, shaped like the default, per key."""
+        keys, default = shapes[1], shapes[2]
+        return (None, None) if keys is None or default is None else (keys + default, None)
+
     def _rule_MatMul(self, node, shapes, values):
         a, b = shapes
         if a is None or b is None:

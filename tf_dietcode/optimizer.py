@@ -140,7 +140,7 @@ class Converter:
         missing = sorted(set(keys) - set(self.loaded.signatures))
         if missing:
             raise ValueError(f"unknown signature(s) {missing}; the model has {sorted(self.loaded.signatures)}")
-        variables = signature_graph.variables_of(self.loaded)
+        resources = signature_graph.resources_of(self.loaded)
         self.graphs = [signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys]
         self._computations = {graph.key: _computation(graph) for graph in self.graphs}
         self.dense_layers, self.attention, self.layer_norms, self.softmaxes = {}, {}, {}, {}
@@ -148,7 +148,8 @@ class Converter:
         notes, left, found = [], [], collections.Counter()
         lanes = hardware.detect().vector_lanes
         for graph in self.graphs:
-            captured = {name: variables[id(t)].numpy() for name, t in graph.captures.items() if id(t) in variables}
+            captured = {name: resources[id(t)].numpy() for name, t in graph.captures.items()
+                        if isinstance(resources.get(id(t)), tf.Variable)}
             index = self._indexes[graph.key] = GraphIndex(graph.graph_def, captured)
             matches, left_alone = dense_patterns.find(index)
             self.dense_layers[graph.key] = horizontal_fusion.group(matches, self.horizontal_fusion, lanes)
@@ -162,7 +163,7 @@ class Converter:
             maxima = shapes.declared_maxima()
             self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges, maxima)
             notes += [f"{graph.key}: {note}" for note in graph_notes]
-        self._variables = variables
+        self._resources = resources
         groups = [g for layers in self.dense_layers.values() for g in layers if len(g.members) > 1]
         self.report = Report(keys, self.ranges, notes, found, collections.Counter(), left, [],
                              merged=(sum(len(g.members) for g in groups), len(groups)),
@@ -303,9 +304,10 @@ class Converter:
         return kept
 
     def _module(self) -> tf.Module:
-        """A module tracking the variables, packed weights and bundle the rewritten signatures capture."""
+        """A module tracking the variables, tables, packed weights and bundle the rewritten signatures capture."""
         module = tf.Module()
-        module.variables_kept, module.dense_weights, self._signatures = [], [], {}
+        module.resources_kept, module.dense_weights, self._signatures = [], [], {}
+        module.tf1_initialization = signature_graph.tf1_initialization(self.loaded)
         self._weights_by_content: dict[tuple, tuple[tf.Variable, int]] = {}  # signatures share layers
         self.report.fused = collections.Counter()  # counted afresh by every save()
         if self._bundle_manifest is not None:  # set only when there were workloads to tune
@@ -317,8 +319,8 @@ class Converter:
             computation = self._computations[graph.key]
             if computation not in rewritten_functions:
                 rewritten = self._rewrite(graph, module)
-                module.variables_kept += [self._variables[id(t)] for t in graph.captures.values()
-                                          if id(t) in self._variables]
+                module.resources_kept += [self._resources[id(t)] for t in graph.captures.values()
+                                          if id(t) in self._resources]
                 function = rewritten.function()
                 specs = [tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in graph.input_specs.items()]
                 rewritten_functions[computation] = tf.function(lambda *args, f=function: f(*args),

@@ -6,10 +6,11 @@ traffic. Replaying requests from short to long sequences makes the fused ops
 load and check the kernel bundle and run tuned kernels of several shape
 classes then, not on the first user's request.
 
-Inputs are zeros, the one value valid for every input a model can have (token
-ids, masks, features); a request that fails would fail the model's load, so
-optimize() writes only those the original model runs (shape ranges may reach
-beyond what a model accepts, e.g. a sequence longer than its position table).
+Inputs are zeros (empty strings for string inputs), the one value valid for
+every input a model can have (token ids, masks, features, text); a request
+that fails would fail the model's load, so optimize() writes only those the
+original model runs (shape ranges may reach beyond what a model accepts, e.g.
+a sequence longer than its position table).
 """
 
 import pathlib
@@ -41,7 +42,7 @@ Request = tuple[str, dict[str, np.ndarray]]  # (signature key, inputs by name)
 
 def requests(signatures: dict[str, tuple[dict[str, tf.TensorSpec], DimRanges]]) -> list[Request]:
     """The zero-input requests of every signature ({key: (input specs, ranges)}), short to long."""
-    return [(key, {name: np.zeros(shape[name], spec.dtype.as_numpy_dtype) for name, spec in specs.items()})
+    return [(key, {name: tf.zeros(shape[name], spec.dtype).numpy() for name, spec in specs.items()})
             for key, (specs, ranges) in signatures.items() for shape in warmup_shapes(ranges)]
 
 
