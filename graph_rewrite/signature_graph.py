@@ -32,6 +32,28 @@ class SignatureGraph:
             self.graph_def, list(self.input_tensors.values()), dict(self.output_tensors), self.captures)
 
 
+def calls_left_running(graph_def: tf.compat.v1.GraphDef, ops: set[str]) -> list[tuple[str, str, bool]]:
+    """The nodes whose functions the inlining left (control flow's bodies, functions XLA
+    compiles) that run any of `ops`, at any depth: (node name, op, whether XLA compiles it)."""
+    library = {f.signature.name: f for f in graph_def.library.function}
+
+    def called(node) -> list[str]:
+        names = [node.op] if node.op in library else []
+        for value in node.attr.values():
+            names += [value.func.name] if value.HasField("func") else []
+            names += [f.name for f in value.list.func]
+        return names
+
+    def runs(name: str, seen: set[str]) -> bool:
+        if name in seen or name not in library:
+            return False
+        seen.add(name)
+        return any(n.op in ops or any(runs(f, seen) for f in called(n)) for n in library[name].node_def)
+
+    return [(node.name, node.op, node.attr["_XlaMustCompile"].b) for node in graph_def.node
+            if any(runs(f, set()) for f in called(node))]
+
+
 def _tensor_name(tensor: tf.Tensor) -> str:
     return tensor.name if ":" in tensor.name else f"{tensor.name}:0"
 

@@ -379,6 +379,32 @@ def test_a_custom_gradient_between_layers_is_sized_by_the_graph_and_saved_withou
     np.testing.assert_allclose(optimized(x=x)["out"], serve(x)["out"], rtol=1e-5, atol=1e-5)
 
 
+def test_products_in_functions_the_rewriter_does_not_enter_are_named_in_the_report(tmp_path, rng):
+    """A while loop's and a cond's bodies, and a function XLA compiles, keep their products
+    (they run as before); the report says where and why, rather than only "patterns: none"."""
+    weight = rng.uniform(-1, 1, (8, 8)).astype(np.float32)
+
+    @tf.function(jit_compile=True)
+    def compiled(x):
+        return tf.matmul(x, weight)
+
+    def serve(x, steps):
+        looped = tf.while_loop(lambda i, h: i < steps, lambda i, h: (i + 1, tf.matmul(h, weight)), (0, x))[1]
+        chosen = tf.cond(steps > 2, lambda: tf.matmul(x, weight), lambda: x)
+        return {"out": compiled(looped) + chosen + tf.tanh(x)}
+
+    module = tf.Module()
+    module.serve = tf.function(serve, input_signature=[tf.TensorSpec([None, 8], name="x"),
+                                                       tf.TensorSpec([], tf.int32, name="steps")])
+    tf.saved_model.save(module, str(tmp_path / "in"), signatures={"serving_default": module.serve})
+    converter = tf_dietcode.Converter(tmp_path / "in").convert()
+    notes = [note for note in converter.report.notes if "products in" in note]
+    assert len(notes) == 3
+    for left_to in ("While) are left to TF", "If) are left to TF", "left to XLA (jit_compile=True)"):
+        assert sum(left_to in note for note in notes) == 1, (left_to, notes)
+    assert "serving_default.steps: scalar" in converter.summary()
+
+
 def test_a_layer_left_alone_is_listed_once_for_signatures_of_one_computation(tmp_path):
     model = keras.Sequential([keras.Input((16,), name="x"), keras.layers.Dense(8, dtype="float64")])
     model.export(str(tmp_path / "in"), verbose=False)  # serve and serving_default: one graph

@@ -48,8 +48,8 @@ class Report:
     def summary(self) -> str:
         lines = [f"signatures: {', '.join(self.signatures)}"]
         for key, inputs in self.ranges.items():
-            lines += [f"  {key}.{name}: " + " x ".join(f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in dims)
-                      for name, dims in inputs.items()]
+            lines += [f"  {key}.{name}: " + (" x ".join(f"{lo}..{hi}" if lo != hi else f"{lo}" for lo, hi in dims)
+                                             or "scalar") for name, dims in inputs.items()]
         lines += [f"note: {note}" for note in self.notes]
         lines.append("patterns (found / fused):")
         own_forms = ("attention", layer_norm_patterns.FORM, softmax_patterns.FORM)  # the rest are dense forms
@@ -113,6 +113,13 @@ def _symbolic_product_dims(match: attention_patterns.AttentionMatch, shapes: Sym
         return None
 
 
+def _left_running_note(node: str, op: str, xla: bool) -> str:
+    if xla:
+        return (f"the products in {node} are left to XLA (jit_compile=True), which compiles them for each new "
+                "input shape: export the model without jit_compile to have them fused")
+    return f"the products in {node} ({op}) are left to TF: the rewriter does not enter control-flow bodies"
+
+
 class Converter:
     """Finds fusable patterns, tunes them for the model's shape ranges, writes the optimized model."""
 
@@ -163,6 +170,8 @@ class Converter:
             maxima = shapes.declared_maxima()
             self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges, maxima)
             notes += [f"{graph.key}: {note}" for note in graph_notes]
+            notes += [f"{graph.key}: {_left_running_note(*call)}"
+                      for call in signature_graph.calls_left_running(graph.graph_def, set(dense_patterns.CORES))]
         self._resources = resources
         groups = [g for layers in self.dense_layers.values() for g in layers if len(g.members) > 1]
         self.report = Report(keys, self.ranges, notes, found, collections.Counter(), left, [],
