@@ -16,9 +16,10 @@ becomes its operand permutation (an adjoint where it moves the last axis to
 second-to-last); a Transpose of the product becomes perm, or else a broadcast
 Add of a mask or bias becomes the addend.
 
-Either way a scalar Mul on the left operand or on the product becomes alpha
-(Keras 3's MultiHeadAttention scales the scores, hand-written BERTs the query
-or the scores before the mask). Every folded node must be read by nothing else.
+Either way a scalar Mul (or a division by a scalar) on the left operand or on
+the product becomes alpha (Keras 3's MultiHeadAttention scales the scores,
+hand-written BERTs the query or the scores before the mask, Hugging Face's
+divide the scores). Every folded node must be read by nothing else.
 """
 
 import dataclasses
@@ -90,27 +91,39 @@ def find(index: GraphIndex) -> list[AttentionMatch]:
     return matches
 
 
+def _scalar_operand(index: GraphIndex, node, tensor: str) -> float | None:
+    """The fixed scalar that Mul(tensor, s), Mul(s, tensor) or RealDiv(tensor, s) scales `tensor`
+    by (1/s for the division), or None."""
+    inputs = [tensor_name(i) for i in node.input]
+    if node.op == "Mul" and tensor in inputs:
+        value = index.value(inputs[1] if inputs[0] == tensor else inputs[0])
+    elif node.op == "RealDiv" and inputs[0] == tensor:
+        value = index.value(inputs[1])
+        value = None if value is None or np.size(value) != 1 else 1.0 / np.asarray(value, np.float64)
+    else:
+        return None
+    return float(value) if value is not None and np.size(value) == 1 else None
+
+
 def _fold_scale(index: GraphIndex, match: AttentionMatch, core) -> None:
-    """x = Mul(t, scalar) read only by the product: alpha = scalar, x = t."""
+    """x = t * scalar (or t / scalar) read only by the product: alpha = the factor, x = t."""
     scale = index.producer(match.x)
-    if scale.op == "Mul" and index.sole_consumer(scale.name) is core:
-        inputs = [tensor_name(i) for i in scale.input]
-        for value_side, tensor_side in ((0, 1), (1, 0)):
-            value = index.value(inputs[value_side])
-            if value is not None and np.size(value) == 1 and index.value(inputs[tensor_side]) is None:
-                match.x, match.alpha = inputs[tensor_side], float(value)
-                return
+    if index.sole_consumer(scale.name) is not core or scale.op not in ("Mul", "RealDiv"):
+        return
+    for tensor in dict.fromkeys(tensor_name(i) for i in scale.input):
+        factor = _scalar_operand(index, scale, tensor)
+        if factor is not None and index.value(tensor) is None:
+            match.x, match.alpha = tensor, factor
+            return
 
 
 def _fold_output_scale(index: GraphIndex, match: AttentionMatch) -> None:
-    """Mul(output, scalar) the only reader of the output: alpha times the scalar, the Mul's output."""
+    """output * scalar (or / scalar) the only reader of the output: alpha times the factor, the
+    scaling's output."""
     scale = index.sole_consumer(match.output)
-    if scale is None or scale.op != "Mul":
-        return
-    inputs = [tensor_name(i) for i in scale.input]
-    value = index.value(inputs[1] if inputs[0] == tensor_name(match.output) else inputs[0])
-    if value is not None and np.size(value) == 1:
-        match.alpha *= float(value)
+    factor = None if scale is None else _scalar_operand(index, scale, tensor_name(match.output))
+    if factor is not None:
+        match.alpha *= factor
         match.output = f"{scale.name}:0"
 
 

@@ -432,6 +432,8 @@ def test_weights_beyond_the_last_level_cache_are_tuned_cold(tmp_path, rng, monke
     ("scaled scores + mask", lambda q, k, mask: tf.matmul(q, k, transpose_b=True) * 0.125 + mask),
     ("context transposed", lambda q, k, mask: tf.transpose(tf.matmul(q, k, adjoint_b=True), [0, 2, 1, 3])),
     ("plain", lambda q, k, mask: tf.matmul(q, k, transpose_b=True)),
+    ("divided scores + mask", lambda q, k, mask: tf.divide(tf.matmul(q, k, transpose_b=True), 2.828427) + mask),
+    ("divided query", lambda q, k, mask: tf.matmul(q / 2.828427, k, transpose_b=True)),
 ])
 def test_batch_matmul_attention_forms(tmp_path, rng, name, attention):
     class Model(tf.Module):
@@ -453,7 +455,7 @@ def test_batch_matmul_attention_forms(tmp_path, rng, name, attention):
     np.testing.assert_allclose(optimized(q=q, k=k, mask=mask)["out"], model.serve(q, k, mask)["out"],
                                rtol=1e-5, atol=1e-5)
     library = optimized.graph.as_graph_def().library.function
-    assert not {"BatchMatMulV2", "Transpose", "Mul", "AddV2"} & {n.op for f in library for n in f.node_def}
+    assert not {"BatchMatMulV2", "Transpose", "Mul", "RealDiv", "AddV2"} & {n.op for f in library for n in f.node_def}
 
 
 def test_signatures_of_one_computation_are_sized_and_rewritten_once(tmp_path, rng, monkeypatch):
