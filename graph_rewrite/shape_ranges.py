@@ -35,13 +35,14 @@ def resolve(specs: dict[str, tf.TensorSpec], shape_ranges: dict | None,
         raise ValueError(f"shape_ranges names unknown input(s) {unknown}; the inputs are {sorted(specs)}")
     ranges, notes = {}, []
     for name, spec in specs.items():
-        if spec.shape.rank is None:
-            raise ValueError(f"input {name!r} has unknown rank; optimize() needs ranked inputs")
-        given = shape_ranges.get(name, [None] * spec.shape.rank)
-        if len(given) != spec.shape.rank:
+        if spec.shape.rank is None and name not in shape_ranges:
+            raise ValueError(f"input {name!r} has unknown rank in the signature: give its dims in shape_ranges")
+        declared_shape = spec.shape.as_list() if spec.shape.rank is not None else [None] * len(shape_ranges[name])
+        given = shape_ranges.get(name, [None] * len(declared_shape))
+        if len(given) != len(declared_shape):
             raise ValueError(f"shape_ranges[{name!r}] has {len(given)} dims, the input has rank {spec.shape.rank}")
         ranges[name] = []
-        for axis, (declared, wanted) in enumerate(zip(spec.shape.as_list(), given)):
+        for axis, (declared, wanted) in enumerate(zip(declared_shape, given)):
             if wanted is None:
                 maximum = (declared_maxima or {}).get((name, axis))
                 lo_hi = (declared, declared) if declared is not None else _default_range(axis, maximum)
@@ -78,9 +79,10 @@ def from_examples(specs: dict[str, tf.TensorSpec], examples) -> DimRanges:
             raise ValueError(f"input_fn yielded inputs {sorted(example)}, the signature takes {sorted(specs)}")
         for name, value in example.items():
             shape = np.shape(value)
-            if len(shape) != specs[name].shape.rank:
-                raise ValueError(f"input_fn's {name!r} has rank {len(shape)}, the signature's {specs[name].shape.rank}")
             old = seen.get(name, [(d, d) for d in shape])
+            rank = len(old) if specs[name].shape.rank is None else specs[name].shape.rank
+            if len(shape) != rank:
+                raise ValueError(f"input_fn's {name!r} has rank {len(shape)}, expected {rank}")
             seen[name] = [(min(lo, d), max(hi, d)) for (lo, hi), d in zip(old, shape)]
     if not seen:
         raise ValueError("input_fn yielded no inputs")

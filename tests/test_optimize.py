@@ -130,6 +130,23 @@ def test_not_a_saved_model_and_existing_output(optimized_encoder, tmp_path, monk
         tf_dietcode.optimize(root / "original", root / "optimized", shape_ranges=ENCODER_RANGES, tuning=TINY_TUNING)
 
 
+def test_an_input_of_unknown_rank_takes_its_dims_from_shape_ranges(tmp_path, rng):
+    weight = rng.uniform(-1, 1, (16, 8)).astype(np.float32)
+    module = tf.Module()
+    module.serve = tf.function(lambda x: {"out": tf.matmul(tf.reshape(x, [-1, 16]), weight)},
+                               input_signature=[tf.TensorSpec(None, tf.float32, name="x")])
+    tf.saved_model.save(module, str(tmp_path / "in"), signatures={"serving_default": module.serve})
+    with pytest.raises(ValueError, match="'x' has unknown rank in the signature: give its dims in shape_ranges"):
+        tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING)
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
+                                  shape_ranges={"x": [(1, 9), 16]})
+    assert [report.dims[w] for w in report.workloads] == ["M = x[0]"] and report.warmup_requests == 4
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    for shape in [(1, 16), (9, 16), (12, 16), (0, 16)]:
+        x = rng.uniform(-1, 1, shape).astype(np.float32)
+        np.testing.assert_allclose(optimized(x=x)["out"], module.serve(x)["out"], rtol=1e-5, atol=1e-5)
+
+
 def _operand_scaled(equation, a, b):
     return tf.einsum(equation, a * 0.125, b)
 
