@@ -67,8 +67,8 @@ class LeftAlone:
 def find(index: GraphIndex) -> tuple[list[DenseMatch], list[LeftAlone]]:
     matches, left = [], []
     for node in index.nodes.values():
-        if node.op not in CORES:
-            continue
+        if node.op not in CORES or index.value(f"{node.name}:0") is not None:
+            continue  # (a product of weights alone, as LoRA's A @ B, is part of the weight it computes)
         core = CORES[node.op](index, node)
         if isinstance(core, LeftAlone):
             if core.reason:  # an empty reason: not a dense layer at all (e.g. attention's einsums)

@@ -12,13 +12,25 @@ import tensorflow as tf
 from tensorflow.python.framework import tensor_util
 
 
-# Ops that only move a tensor's elements, as numpy does them: (node, operand values) -> value.
-REARRANGEMENTS = {
+def _matmul(node, a, b):
+    return np.matmul(a.T if node.attr["transpose_a"].b else a, b.T if node.attr["transpose_b"].b else b)
+
+
+# Ops value() computes in numpy from fixed operands: (node, operand values) -> value. Weights are
+# rearranged (stored [N, K] and transposed, or [1, K, N] and reshaped, as PyTorch-style layers and
+# GPT-2's conv1d keep theirs) or computed from other weights (Keras' LoRA: W + (A @ B) * scale).
+FOLDS = {
     "Reshape": lambda node, value, shape: np.reshape(value, shape),
     "Transpose": lambda node, value, perm: np.transpose(value, perm),
     "ExpandDims": lambda node, value, axis: np.expand_dims(value, int(axis)),
     "Squeeze": lambda node, value: np.squeeze(value, axis=tuple(node.attr["squeeze_dims"].list.i) or None),
+    "AddV2": lambda node, a, b: np.add(a, b),
+    "Sub": lambda node, a, b: np.subtract(a, b),
+    "Mul": lambda node, a, b: np.multiply(a, b),
+    "MatMul": _matmul,
 }
+# Ops whose value follows from their input's static shape alone, not from its elements.
+SHAPE_READERS = {"Shape", "Size", "Rank"}
 
 
 def node_name(tensor: str) -> str:
@@ -42,6 +54,8 @@ class GraphIndex:
         with self.graph.as_default():
             tf.graph_util.import_graph_def(graph_def, name="")
         self.captured_values = captured_values
+        self._computed = self._computed_nodes()
+        self._folded: dict[str, np.ndarray | None] = {}
 
     def producer(self, tensor: str):
         return self.nodes[node_name(tensor)]
@@ -57,18 +71,33 @@ class GraphIndex:
 
     def value(self, tensor: str) -> np.ndarray | None:
         """The tensor's value if it is fixed at optimize time: a constant, a captured variable
-        read (variables are read at their current value), or one of those rearranged (a weight
-        stored [N, K] and transposed, or [1, K, N] and reshaped, as PyTorch-style layers and
-        GPT-2's conv1d keep theirs)."""
+        read (variables are read at their current value), or computed from those (FOLDS)."""
         node = self.producer(tensor)
         if node.op == "ReadVariableOp":
             return self.variable_value(node.input[0])
         if node.op == "Identity":
             return self.value(node.input[0])
-        if node.op in REARRANGEMENTS and tensor_name(tensor) == f"{node.name}:0":
-            operands = [self.value(i) for i in node.input if not i.startswith("^")]
-            return None if any(o is None for o in operands) else REARRANGEMENTS[node.op](node, *operands)
+        if node.op in FOLDS and tensor_name(tensor) == f"{node.name}:0":
+            if node.name in self._computed:
+                return None
+            if node.name not in self._folded:
+                operands = [self.value(i) for i in node.input if not i.startswith("^")]
+                self._folded[node.name] = None if any(o is None for o in operands) else FOLDS[node.op](node, *operands)
+            return self._folded[node.name]
         return tensor_util.constant_value(self.graph.get_tensor_by_name(tensor_name(tensor)))
+
+    def _computed_nodes(self) -> set[str]:
+        """Nodes whose elements depend on the signature's inputs (placeholders that stand for no
+        captured variable): value() answers None there without walking the graph up to them."""
+        computed = set()
+        for operation in self.graph.get_operations():  # in topological order
+            node = self.nodes[operation.name]
+            if node.op == "Placeholder" and node.name not in self.captured_values:
+                computed.add(node.name)
+            elif node.op not in SHAPE_READERS and any(node_name(i) in computed for i in node.input
+                                                      if not i.startswith("^")):
+                computed.add(node.name)
+        return computed
 
     def variable_value(self, handle: str) -> np.ndarray | None:
         """The current value of the captured variable a resource handle refers to."""

@@ -268,6 +268,26 @@ def test_a_weight_variable_rearranged_in_the_graph_is_still_a_fixed_weight(tmp_p
     np.testing.assert_allclose(optimized(x=x)["out"], layer.serve(x)["out"], rtol=1e-5, atol=1e-5)
 
 
+def test_keras_lora_layers_run_with_their_adapters_merged_into_the_weight(tmp_path, rng):
+    """Keras' Dense with LoRA enabled computes its kernel, W + (A @ B) * scale, on every call:
+    the weight is fixed all the same (computed at optimize time), and A @ B is no dense layer."""
+    x = keras.Input((None, 16), name="x")
+    layers = [keras.layers.Dense(24, activation="gelu"), keras.layers.Dense(8)]
+    model = keras.Model(x, layers[1](layers[0](x)))
+    for layer in layers:
+        layer.enable_lora(4)
+        layer.lora_kernel_b.assign(rng.uniform(-1, 1, layer.lora_kernel_b.shape).astype(np.float32))
+    model.export(str(tmp_path / "in"), verbose=False)
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
+                                  shape_ranges={"x": [(1, 2), (1, 9), 16]})
+    assert [(w.n.hi, w.k.hi, w.activation, report.dims[w]) for w in report.workloads] == [
+        (24, 16, "gelu", "M = x[0]*x[1]"), (8, 24, "none", "M = x[0]*x[1]")]
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    for shape in [(1, 1, 16), (2, 9, 16), (3, 11, 16)]:
+        inputs = rng.uniform(-1, 1, shape).astype(np.float32)
+        np.testing.assert_allclose(optimized(x=inputs)["output_0"], model(inputs), rtol=1e-5, atol=1e-5)
+
+
 def test_warmup_requests_leave_out_shapes_the_model_does_not_accept(tmp_path, rng):
     """shape_ranges up to T = 60 for a model that gathers T rows of a 40-row position table:
     TF Serving would fail the model's load on a warm-up request it cannot run, so those are
