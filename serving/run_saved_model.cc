@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "tensorflow/c/c_api.h"
+#include "tensorflow/c/tf_tstring.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor.pb.h"
 #include "tensorflow/core/framework/types.h"
@@ -67,19 +68,40 @@ TF_Output GraphTensor(TF_Graph* graph, const std::string& tensor_name) {
   return {operation, colon == std::string::npos ? 0 : std::stoi(tensor_name.substr(colon + 1))};
 }
 
-// Any TensorProto a request may hold (tensor_content or the typed value fields).
+// Any TensorProto a request may hold (tensor_content or the typed value fields): numbers, or
+// strings (text a model tokenizes itself), copied into the TF_TString elements of a TF_STRING
+// tensor, which ReleaseStrings frees.
 Tensor FromProto(const tensorflow::TensorProto& proto, const std::string& what) {
   tensorflow::Tensor value;
-  if (!value.FromProto(proto) || !tensorflow::DataTypeCanUseMemcpy(value.dtype())) {
-    throw std::runtime_error(what + ": not a numeric TensorProto");
+  const bool text = proto.dtype() == tensorflow::DT_STRING;
+  if (!value.FromProto(proto) || !(text || tensorflow::DataTypeCanUseMemcpy(value.dtype()))) {
+    throw std::runtime_error(what + ": not a numeric or string TensorProto");
   }
   std::vector<int64_t> dims;
   for (const int64_t d : value.shape().dim_sizes()) dims.push_back(d);
+  if (text) {
+    Tensor tensor(TF_AllocateTensor(TF_STRING, dims.data(), static_cast<int>(dims.size()),
+                                    value.NumElements() * sizeof(TF_TString)));
+    auto* strings = static_cast<TF_TString*>(TF_TensorData(tensor.get()));
+    const auto elements = value.flat<tensorflow::tstring>();
+    for (int64_t i = 0; i < value.NumElements(); ++i) {
+      TF_StringInit(&strings[i]);
+      TF_StringCopy(&strings[i], elements(i).data(), elements(i).size());
+    }
+    return tensor;
+  }
   const auto data = value.tensor_data();
   Tensor tensor(TF_AllocateTensor(static_cast<TF_DataType>(value.dtype()), dims.data(),
                                   static_cast<int>(dims.size()), data.size()));
   if (!data.empty()) std::memcpy(TF_TensorData(tensor.get()), data.data(), data.size());
   return tensor;
+}
+
+// Frees the strings FromProto copied into a TF_STRING tensor (TF_DeleteTensor frees only the array).
+void ReleaseStrings(TF_Tensor* tensor) {
+  if (TF_TensorType(tensor) != TF_STRING) return;
+  auto* strings = static_cast<TF_TString*>(TF_TensorData(tensor));
+  for (size_t i = 0; i < TF_TensorByteSize(tensor) / sizeof(TF_TString); ++i) TF_StringDealloc(&strings[i]);
 }
 
 tensorflow::TensorProto ToProto(const TF_Tensor* tensor) {
@@ -121,6 +143,7 @@ void RunRequest(TF_Session* session, TF_Graph* graph, const tensorflow::MetaGrap
                 fetches.data(), output_values.data(), static_cast<int>(fetches.size()), nullptr, 0, nullptr,
                 status.get());
   std::vector<Tensor> outputs(output_values.begin(), output_values.end());  // owned from here on
+  for (const auto& t : inputs) ReleaseStrings(t.get());
   Check(status.get(), "running " + key + " on " + request_dir);
   for (size_t i = 0; i < outputs.size(); ++i) {
     WriteFile(request_dir + "/" + output_keys[i] + ".out.pb", ToProto(outputs[i].get()).SerializeAsString());

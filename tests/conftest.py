@@ -169,6 +169,38 @@ def save_dense_model(path, rng, activation=tf.nn.relu) -> tf.Module:
     return layer
 
 
+def save_keras_text_model(directory, vocabulary, rng):
+    """Keras' StringLookup: a lookup table the model holds, initialized from the file."""
+    import keras  # here: the op tests (also run under the sanitizers) need no Keras
+
+    words = keras.Input((None,), dtype="string", name="words")
+    hidden = keras.layers.Embedding(51, 16)(keras.layers.StringLookup(vocabulary=str(vocabulary))(words))
+    model = keras.Model(words, keras.layers.Dense(8)(keras.layers.Dense(24, activation="relu")(hidden)))
+    model.export(str(directory), verbose=False)
+
+
+def save_tf1_text_model(directory, vocabulary, rng):
+    """A TF1 SavedModel: the table is made in the graph and filled by the model's init op."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        words = tf.compat.v1.placeholder(tf.string, [None, None], name="words")
+        table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+            str(vocabulary), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
+            tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER), default_value=-1)
+        weights = [tf.compat.v1.get_variable(name, initializer=rng.uniform(-1, 1, shape).astype(np.float32))
+                   for name, shape in [("embedding", (51, 16)), ("w1", (16, 24)), ("b1", (24,)), ("w2", (24, 8))]]
+        embedding, w1, b1, w2 = weights
+        hidden = tf.nn.relu(tf.tensordot(tf.gather(embedding, table.lookup(words) + 1), w1, 1) + b1)
+        session.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()])
+        tf.compat.v1.saved_model.simple_save(session, str(directory), {"words": words},
+                                             {"output_0": tf.tensordot(hidden, w2, 1)},
+                                             legacy_init_op=tf.compat.v1.tables_initializer())
+
+
+# Models that map words to ids through a lookup table filled from a vocabulary file of w0..w49
+# (unknown words: one more id), then embed them and run two dense layers; output "output_0".
+TEXT_MODELS = [save_keras_text_model, save_tf1_text_model]
+
+
 # For the tests of rewrites and ops, whose kernels need only be right: two kernels per workload (each compile
 # costs 1-5 s; four took horizontal fusion's fixture 90 s, two 52 s), no finalists measured again (search.QUICK's
 # reason). test_quick_tune_writes_a_checked_bundle and the tuned_bundle fixture tune more.

@@ -20,7 +20,7 @@ from tf_dietcode.tuning import hardware, search
 from tf_dietcode.tuning.workload import DimRange
 
 import tuned_calls
-from conftest import ENCODER_RANGES, TINY_TUNING_OPTIONS, save_dense_model, shared_database
+from conftest import ENCODER_RANGES, TEXT_MODELS, TINY_TUNING_OPTIONS, save_dense_model, shared_database
 
 TINY_TUNING = search.SearchOptions(**TINY_TUNING_OPTIONS)
 # Four dynamic dims: with 3 samples each a kernel is timed at 81 shapes (about 55 s a test); the
@@ -318,32 +318,7 @@ def test_warmup_requests_leave_out_shapes_the_model_does_not_accept(tmp_path, rn
         np.testing.assert_allclose(optimized(x=x)["out"], model.serve(x)["out"], rtol=1e-5, atol=1e-5)
 
 
-def _keras_text_model(directory, vocabulary, rng):
-    """Keras' StringLookup: a lookup table the model holds, initialized from the file."""
-    words = keras.Input((None,), dtype="string", name="words")
-    hidden = keras.layers.Embedding(51, 16)(keras.layers.StringLookup(vocabulary=str(vocabulary))(words))
-    model = keras.Model(words, keras.layers.Dense(8)(keras.layers.Dense(24, activation="relu")(hidden)))
-    model.export(str(directory), verbose=False)
-
-
-def _tf1_text_model(directory, vocabulary, rng):
-    """A TF1 SavedModel: the table is made in the graph and filled by the model's init op."""
-    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
-        words = tf.compat.v1.placeholder(tf.string, [None, None], name="words")
-        table = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
-            str(vocabulary), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
-            tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER), default_value=-1)
-        weights = [tf.compat.v1.get_variable(name, initializer=rng.uniform(-1, 1, shape).astype(np.float32))
-                   for name, shape in [("embedding", (51, 16)), ("w1", (16, 24)), ("b1", (24,)), ("w2", (24, 8))]]
-        embedding, w1, b1, w2 = weights
-        hidden = tf.nn.relu(tf.tensordot(tf.gather(embedding, table.lookup(words) + 1), w1, 1) + b1)
-        session.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()])
-        tf.compat.v1.saved_model.simple_save(session, str(directory), {"words": words},
-                                             {"output_0": tf.tensordot(hidden, w2, 1)},
-                                             legacy_init_op=tf.compat.v1.tables_initializer())
-
-
-@pytest.mark.parametrize("save_model", [_keras_text_model, _tf1_text_model])
+@pytest.mark.parametrize("save_model", TEXT_MODELS)
 def test_a_model_reading_text_through_a_vocabulary_file_is_optimized_whole(tmp_path, rng, save_model):
     """The output tracks the model's lookup table and carries its vocabulary file (an asset),
     the token ids' dims follow from the graph, and warm-up requests are empty strings."""

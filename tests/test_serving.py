@@ -13,8 +13,12 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2
 
+import tf_dietcode
 from tf_dietcode import serving_warmup
 from tf_dietcode.op_library import LIBRARY_PATH
+from tf_dietcode.tuning import search
+
+from conftest import TEXT_MODELS, TINY_TUNING_OPTIONS, shared_database
 
 RUNNER_SOURCE = pathlib.Path(__file__).resolve().parents[1] / "serving" / "run_saved_model.cc"
 LENGTHS = [1, 5, 12, 13, 29]  # 13 and 29 lie outside the tuned range 1..12
@@ -96,6 +100,28 @@ def test_warmup_file_parses_and_its_requests_run(runner, optimized_encoder, serv
         directories.append(write_request(tmp_path / str(i), key, inputs))
     run_requests(runner, model_dir, directories)   # the C++ loader takes them too
     assert all(any(d.glob("*.out.pb")) for d in directories)
+
+
+@pytest.mark.parametrize("save_model", TEXT_MODELS)
+def test_a_text_model_serves_from_its_own_copy_of_the_vocabulary(runner, tmp_path, rng, save_model):
+    """The C++ loader fills the lookup table from the optimized model's own assets (for a TF1
+    model by its init op, saved again): the original model and its vocabulary file are gone."""
+    (tmp_path / "vocab.txt").write_text("\n".join(f"w{i}" for i in range(50)))
+    save_model(tmp_path / "in", tmp_path / "vocab.txt", rng)
+    tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=search.SearchOptions(**TINY_TUNING_OPTIONS),
+                         database=shared_database(), shape_ranges={"words": [(1, 2), (1, 9)]})
+    original = tf.saved_model.load(str(tmp_path / "in")).signatures["serving_default"]
+    model_dir = tmp_path / "serving" / "text" / "1"
+    shutil.copytree(tmp_path / "out", model_dir)
+    for path in (tmp_path / "in", tmp_path / "out", tmp_path / "vocab.txt"):
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    texts = [np.array([f"w{i}" for i in rng.integers(0, 60, shape).ravel()], dtype=object).reshape(shape)
+             for shape in [(1, 1), (2, 9), (3, 12)]]
+    requests = [write_request(tmp_path / str(i), "serving_default", {"words": text}) for i, text in enumerate(texts)]
+    run_requests(runner, model_dir, requests)
+    for directory, text in zip(requests, texts):
+        np.testing.assert_allclose(read_tensor(directory / "output_0.out.pb"),
+                                   original(words=tf.constant(text))["output_0"].numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_runner_reports_a_missing_op_library_clearly(runner, served):
