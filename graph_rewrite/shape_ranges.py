@@ -95,19 +95,26 @@ def corner_inputs(specs: dict[str, tf.TensorSpec], ranges: DimRanges) -> list[li
             for end in (0, 1)]
 
 
-def corner_shapes(function, specs: dict[str, tf.TensorSpec], ranges: DimRanges) -> dict[str, tuple[list, list]]:
+def observed_shapes(function, specs: dict[str, tf.TensorSpec], ranges: DimRanges,
+                    examples: list[dict] = ()) -> dict[str, list[list[int]]]:
     """Shapes of the tensors `function` returns (a dict) on zero inputs at the lowest and the
-    highest corner of the ranges: {name: (shape at the lowest, shape at the highest)}."""
-    corners = []
-    for end, inputs in zip(("lowest", "highest"), corner_inputs(specs, ranges)):
+    highest corner of the ranges, then on each example (a dict of inputs by name: dims that
+    follow the inputs' values rather than their shapes, such as words split from text, take
+    their sizes from those): {name: [shape per run]}."""
+    runs = [(f"zero inputs at the {end} corner of the shape ranges", inputs)
+            for end, inputs in zip(("lowest", "highest"), corner_inputs(specs, ranges))]
+    runs += [("an input of input_fn", [tf.constant(example[name], spec.dtype) for name, spec in specs.items()])
+             for example in examples]
+    observed = []
+    for what, inputs in runs:
         try:
-            corners.append({name: t.shape.as_list() for name, t in function(*inputs).items()})
+            observed.append({name: t.shape.as_list() for name, t in function(*inputs).items()})
         except tf.errors.OpError as error:
             shapes = shapes_text(dict(zip(specs, inputs)))
-            raise ValueError(f"the model fails on zero inputs at the {end} corner of the shape ranges ({shapes}), "
-                             f"which optimize() runs to size its layers: {op_error_summary(error)}.\n"
+            raise ValueError(f"the model fails on {what} ({shapes}), which optimize() runs to size its layers: "
+                             f"{op_error_summary(error)}.\n"
                              "Give shape_ranges (or input_fn) within the shapes the model accepts.") from None
-    return {name: (corners[0][name], corners[1][name]) for name in corners[0]}
+    return {name: [run[name] for run in observed] for name in observed[0]}
 
 
 def shapes_text(inputs: dict) -> str:
@@ -123,8 +130,8 @@ def op_error_summary(error: tf.errors.OpError) -> str:
     return (what[-1] if what else lines[0]) + (f" (node {node.group(1)})" if node else "")
 
 
-def row_range(corners: tuple[list, list], k: int) -> tuple[int, int]:
+def row_range(shapes: list[list[int]], k: int) -> tuple[int, int]:
     """(lo, hi) of M = the number of K-element rows in a layer's input (however its trailing
-    dims make up K)."""
-    lo, hi = (math.prod(shape) // k for shape in corners)
-    return min(lo, hi), max(lo, hi)
+    dims make up K), over the shapes it was seen with."""
+    rows = [math.prod(shape) // k for shape in shapes]
+    return min(rows), max(rows)

@@ -341,6 +341,33 @@ def test_a_model_reading_text_through_a_vocabulary_file_is_optimized_whole(tmp_p
     assert all(set(tf.make_ndarray(r.inputs["words"]).ravel()) == {b""} for r in requests)
 
 
+def test_dims_that_follow_the_inputs_values_are_sized_by_input_fn(tmp_path, rng):
+    """TextVectorization splits text into words: the dense layers' rows follow the number of
+    words, which zero inputs (empty strings) do not show. Without input_fn the report says so;
+    with it, the layers are sized by running the model on its inputs."""
+    words = keras.Input((), dtype="string", name="text")
+    ids = keras.layers.TextVectorization(vocabulary=[f"w{i}" for i in range(50)])(words)
+    model = keras.Model(words, keras.layers.Dense(8)(keras.layers.Embedding(52, 16)(ids)))
+    model.export(str(tmp_path / "in"), verbose=False)
+
+    def sentences(count, most=30):
+        return np.array([" ".join(f"w{i}" for i in rng.integers(0, 60, rng.integers(1, most))) for _ in range(count)])
+
+    converter = tf_dietcode.Converter(tmp_path / "in", tuning=TINY_TUNING, database=shared_database()).build()
+    assert [(w.m.lo, w.m.hi) for w in converter.report.workloads] == [(1, 1)]
+    assert sum("at the same size on zero inputs at both corners" in n for n in converter.report.notes) == 1
+    converter = tf_dietcode.Converter(tmp_path / "in", tuning=TINY_TUNING, database=shared_database())
+    converter.build(lambda: ({"text": sentences(count)} for count in (1, 3, 6)))
+    (workload,) = converter.report.workloads
+    assert workload.m.lo >= 1 and workload.m.hi > 30 and converter.report.ranges["serve"] == {"text": [(1, 6)]}
+    assert not any("no range given" in n or "same size on zero inputs" in n for n in converter.report.notes)
+    converter.save(tmp_path / "out")
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serve"]
+    for count in (1, 4, 9):
+        text = sentences(count, most=45)
+        np.testing.assert_allclose(optimized(text=text)["output_0"], model(text), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("activation,expected", [
     (lambda x: tf.nn.gelu(x, approximate=True), "gelu_tanh"),
     (lambda x: tf.nn.gelu(x, approximate=False), "gelu"),
@@ -480,8 +507,8 @@ def test_signatures_of_one_computation_are_sized_and_rewritten_once(tmp_path, rn
     model = keras.Sequential([keras.Input((16,), name="x"), keras.layers.Dense(8)])
     model.export(str(tmp_path / "in"), verbose=False)
     corner_runs = []
-    corner_shapes = shape_ranges.corner_shapes
-    monkeypatch.setattr(shape_ranges, "corner_shapes", lambda *a: corner_runs.append(a) or corner_shapes(*a))
+    observed_shapes = shape_ranges.observed_shapes
+    monkeypatch.setattr(shape_ranges, "observed_shapes", lambda *a: corner_runs.append(a) or observed_shapes(*a))
     monkeypatch.setattr(symbolic_shapes.SymbolicShapes, "range_of", lambda *a: None)
     converter = tf_dietcode.Converter(tmp_path / "in", shape_ranges={"x": [(1, 9), 16]},
                                       tuning=TINY_TUNING, database=shared_database()).build()

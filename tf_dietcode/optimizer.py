@@ -151,7 +151,7 @@ class Converter:
         self.graphs = [signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys]
         self._computations = {graph.key: _computation(graph) for graph in self.graphs}
         self.dense_layers, self.attention, self.layer_norms, self.softmaxes = {}, {}, {}, {}
-        self.ranges, self._indexes = {}, {}
+        self.ranges, self._indexes, self._range_notes = {}, {}, []
         notes, left, found = [], [], collections.Counter()
         lanes = hardware.detect().vector_lanes
         for graph in self.graphs:
@@ -169,12 +169,12 @@ class Converter:
             found.update(m.form for m in [*matches, *self._matches_besides_dense(graph.key)])
             maxima = shapes.declared_maxima()
             self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges, maxima)
-            notes += [f"{graph.key}: {note}" for note in graph_notes]
+            self._range_notes += [f"{graph.key}: {note}" for note in graph_notes]
             notes += [f"{graph.key}: {_left_running_note(*call)}"
                       for call in signature_graph.calls_left_running(graph.graph_def, set(dense_patterns.CORES))]
         self._resources = resources
         groups = [g for layers in self.dense_layers.values() for g in layers if len(g.members) > 1]
-        self.report = Report(keys, self.ranges, notes, found, collections.Counter(), left, [],
+        self.report = Report(keys, self.ranges, self._range_notes + notes, found, collections.Counter(), left, [],
                              merged=(sum(len(g.members) for g in groups), len(groups)),
                              horizontal_fusion=self.horizontal_fusion)
         self._converted = True
@@ -185,10 +185,11 @@ class Converter:
         ranges span the inputs it yields instead."""
         if not self._converted:
             self.convert()
+        self._examples = [] if input_fn is None else list(input_fn())
         if input_fn is not None:
-            examples = list(input_fn())
-            self.ranges = {g.key: shape_ranges.from_examples(g.input_specs, examples) for g in self.graphs}
-            self.report.ranges, self.report.notes = self.ranges, []
+            self.ranges = {g.key: shape_ranges.from_examples(g.input_specs, self._examples) for g in self.graphs}
+            self.report.ranges = self.ranges
+            self.report.notes = [note for note in self.report.notes if note not in self._range_notes]
         self._workloads, self._built = {}, True
         cold_weights = self._cold_weights()
         corners_seen = {}  # Keras exports "serve" and "serving_default" alike: run the model at its corners once
@@ -243,25 +244,42 @@ class Converter:
 
     def _sized_at_corners(self, graph, dense_layers, products, cold_weights: bool, corners_seen: dict) -> dict:
         """Workloads sized by running the model on zero inputs at the lowest and highest corner of
-        the ranges (once per computation: `corners_seen`)."""
+        the ranges, and on input_fn's inputs (once per computation: `corners_seen`)."""
         tensors = {**{f"dense_{i}": m.x for i, m in enumerate(dense_layers)},
                    **{f"x_{i}": a.x for i, a in enumerate(products)},
                    **{f"y_{i}": a.y for i, a in enumerate(products)}}
         seen = (self._computations[graph.key], repr(tensors), repr(self.ranges[graph.key]))
-        if seen not in corners_seen:
+        first_run = seen not in corners_seen
+        if first_run:
             operands = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors,
                                                       tensors, graph.captures, graph.graph_def).function()
-            corners_seen[seen] = shape_ranges.corner_shapes(operands, graph.input_specs, self.ranges[graph.key])
-        corners = corners_seen[seen]
-        sized = {(graph.key, layer.core): _dense_workload(
-            layer, shape_ranges.row_range(corners[f"dense_{i}"], layer.k), cold_weights)
-            for i, layer in enumerate(dense_layers)}
+            corners_seen[seen] = shape_ranges.observed_shapes(operands, graph.input_specs, self.ranges[graph.key],
+                                                              self._examples)
+        observed, sized, fixed = corners_seen[seen], {}, []
+        for i, layer in enumerate(dense_layers):
+            rows = shape_ranges.row_range(observed[f"dense_{i}"], layer.k)
+            sized[(graph.key, layer.core)] = _dense_workload(layer, rows, cold_weights)
+            fixed += [layer.core] if rows[0] == rows[1] else []
         for i, match in enumerate(products):
-            lowest, highest = (attention_patterns.product_dims(match, x, y)
-                               for x, y in zip(corners[f"x_{i}"], corners[f"y_{i}"]))
-            ranges = {d: (min(lowest[d], highest[d]), max(lowest[d], highest[d])) for d in lowest}
+            runs = [attention_patterns.product_dims(match, x, y)
+                    for x, y in zip(observed[f"x_{i}"], observed[f"y_{i}"])]
+            ranges = {d: (min(run[d] for run in runs), max(run[d] for run in runs)) for d in runs[0]}
             sized[(graph.key, match.core)] = _attention_workload(match, ranges, ranges)
+            fixed += [match.core] if all(lo == hi for lo, hi in ranges.values()) else []
+        if first_run:
+            self._note_fixed_on_zeros(graph, fixed)
         return sized
+
+    def _note_fixed_on_zeros(self, graph, fixed: list[str]) -> None:
+        """Without input_fn, a note on layers of one size at both corners of ranges that vary:
+        their dims may follow the inputs' values (words split from text, say), which zero inputs
+        do not show."""
+        varying = any(lo != hi for dims in self.ranges[graph.key].values() for lo, hi in dims)
+        if fixed and varying and not self._examples:
+            self.report.notes.append(
+                f"{graph.key}: {', '.join(fixed)} ran at the same size on zero inputs at both corners of the "
+                "ranges; such dims may follow the inputs' values (words split from text, say) rather than their "
+                "shapes: build(input_fn) / optimize(input_fn=...) with representative inputs sizes them")
 
     def _cold_weights(self) -> bool:
         """Whether one call of a signature reads more dense weights than the last-level cache
