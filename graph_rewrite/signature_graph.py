@@ -107,11 +107,16 @@ def resources_of(root) -> dict[int, tf.Variable | tf.saved_model.experimental.Tr
     return found
 
 
-def tf1_initialization(root) -> list:
-    """A TF1 SavedModel's initialization (its init op: tables read from vocabulary files, ...) and
-    the assets it reads, as TF's loader restores them (`initializer`, `asset_paths`); saved again,
-    they run when the optimized model loads."""
+def assets_of(root) -> list[tf.saved_model.Asset]:
+    """Every asset of a loaded SavedModel: files its functions read (a vocabulary, a kernel bundle
+    of a model optimized before), which the output must carry. All of them, not only those whose
+    paths the signatures capture: a file may be found beside another (a bundle's library beside
+    its manifest), and an asset left untracked would be saved as its path where it is now."""
+    return [obj for obj in tf.train.TrackableView(root).descendants() if isinstance(obj, tf.saved_model.Asset)]
+
+
+def tf1_initializer(root) -> resource.CapturableResource | None:
+    """A TF1 SavedModel's initialization (its init op: tables read from vocabulary files, ...) as
+    TF's loader restores it; saved again, it runs when the optimized model loads."""
     initializer = getattr(root, "initializer", None)
-    if not isinstance(initializer, resource.CapturableResource):
-        return []
-    return [initializer, *getattr(root, "asset_paths", [])]
+    return initializer if isinstance(initializer, resource.CapturableResource) else None

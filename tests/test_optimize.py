@@ -368,6 +368,38 @@ def test_dims_that_follow_the_inputs_values_are_sized_by_input_fn(tmp_path, rng)
         np.testing.assert_allclose(optimized(text=text)["output_0"], model(text), rtol=1e-5, atol=1e-5)
 
 
+def test_a_model_optimized_again_carries_the_files_it_reads(tmp_path, rng):
+    """The input's assets go with the output, captured or not: an optimized model's bundle (its
+    manifest is captured, its library found beside it), optimized again and moved, still runs
+    its tuned kernels; a file the model reads by its asset path is read from the output."""
+    save_dense_model(tmp_path / "in", rng)
+    tf_dietcode.optimize(tmp_path / "in", tmp_path / "first", tuning=TINY_TUNING, database=shared_database(),
+                         shape_ranges={"x": [(1, 9), 16]})
+    first = tf.saved_model.load(str(tmp_path / "first"))
+    (tmp_path / "offset.txt").write_text("3.5")
+    module = tf.Module()
+    module.offset = tf.saved_model.Asset(str(tmp_path / "offset.txt"))
+    module.first = first
+    module.serve = tf.function(
+        lambda x: {"out": first.signatures["serving_default"](x=x)["out"]
+                   + tf.strings.to_number(tf.io.read_file(module.offset.asset_path))},
+        input_signature=[tf.TensorSpec([None, 16], name="x")])
+    tf.saved_model.save(module, str(tmp_path / "second_in"), signatures={"serving_default": module.serve})
+    tf_dietcode.optimize(tmp_path / "second_in", tmp_path / "second", tuning=TINY_TUNING,
+                         database=shared_database(), shape_ranges={"x": [(1, 9), 16]})
+    x = rng.uniform(-1, 1, (7, 16)).astype(np.float32)
+    expected = module.serve(x)["out"].numpy()
+    shutil.move(tmp_path / "second", tmp_path / "moved")
+    for path in ("in", "first", "second_in", "offset.txt"):
+        shutil.rmtree(tmp_path / path) if (tmp_path / path).is_dir() else (tmp_path / path).unlink()
+    optimized = tf.saved_model.load(str(tmp_path / "moved")).signatures["serving_default"]
+    (manifest,) = (tmp_path / "moved" / "assets").glob("*.json")
+    before, generic_before = tuned_calls.calls(manifest)
+    np.testing.assert_allclose(optimized(x=x)["out"], expected, rtol=1e-5, atol=1e-5)
+    after, generic_after = tuned_calls.calls(manifest)
+    assert sum(after.values()) == sum(before.values()) + 1 and generic_after == generic_before
+
+
 @pytest.mark.parametrize("activation,expected", [
     (lambda x: tf.nn.gelu(x, approximate=True), "gelu_tanh"),
     (lambda x: tf.nn.gelu(x, approximate=False), "gelu"),

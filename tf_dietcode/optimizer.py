@@ -331,10 +331,12 @@ class Converter:
         return kept
 
     def _module(self) -> tf.Module:
-        """A module tracking the variables, tables, packed weights and bundle the rewritten signatures capture."""
+        """A module tracking the variables, tables, packed weights and bundle the rewritten signatures
+        capture, and the input's assets."""
         module = tf.Module()
         module.resources_kept, module.dense_weights, self._signatures = [], [], {}
-        module.tf1_initialization = signature_graph.tf1_initialization(self.loaded)
+        module.assets_kept = signature_graph.assets_of(self.loaded)
+        module.tf1_initializer = signature_graph.tf1_initializer(self.loaded)
         self._weights_by_content: dict[tuple, tuple[tf.Variable, int]] = {}  # signatures share layers
         self.report.fused = collections.Counter()  # counted afresh by every save()
         if self._bundle_manifest is not None:  # set only when there were workloads to tune
