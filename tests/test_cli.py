@@ -52,3 +52,22 @@ def test_optimize_a_saved_model(tmp_path, capsys):
     assert "min <= max" in capsys.readouterr().err
     assert cli.main([*arguments[:5], "--shape_range", "x:1", "--overwrite"]) == 2
     assert "NAME=DIM" in capsys.readouterr().err
+
+
+def test_optimize_sized_by_example_inputs(tmp_path, capsys):
+    """--example files stand for input_fn: a model that splits text into words has its dense
+    layer sized by the examples' words (zero inputs, empty strings, have none)."""
+    text = keras.Input((), dtype="string", name="text")
+    ids = keras.layers.TextVectorization(vocabulary=[f"w{i}" for i in range(20)])(text)
+    keras.Model(text, keras.layers.Dense(8)(keras.layers.Embedding(22, 16)(ids))).export(str(tmp_path / "in"),
+                                                                                         verbose=False)
+    np.savez(tmp_path / "short.npz", text=np.array(["w1 w2", "w3"]))
+    np.savez(tmp_path / "long.npz", text=np.array([" ".join(["w4"] * 30)] * 3))
+    np.savez(tmp_path / "pickled.npz", text=np.array(["w1", None], dtype=object))
+    arguments = ["optimize", "--dir", str(tmp_path / "in"), "--output_dir", str(tmp_path / "out"),
+                 "--signature_def", "serving_default", "--trials", "3", "--quick"]
+    assert cli.main([*arguments, "--example", str(tmp_path / "pickled.npz")]) == 2
+    assert "--example" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    assert cli.main([*arguments, "--example", str(tmp_path / "short.npz"), "--example", str(tmp_path / "long.npz")]) == 0
+    summary = capsys.readouterr().out
+    assert "serving_default.text: 2..3" in summary and "dense M=1..90 N=8 K=16" in summary

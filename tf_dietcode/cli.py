@@ -3,12 +3,15 @@
     tf-dietcode tune --m 1:128 --n 2304 --k 768 --bias --activation gelu --out BUNDLE_DIR
     tf-dietcode tune --spec workloads.json --out BUNDLE_DIR [--quick] [--trials 64] [--db tuning.jsonl]
     tf-dietcode optimize --dir IN --output_dir OUT [--tag_set serve] [--signature_def KEY ...]
-                         [--shape_range input_ids=1,1:128 ...] [--quick] [--trials N] [--db F] [--overwrite]
+                         [--shape_range input_ids=1,1:128 ...] [--example inputs.npz ...]
+                         [--quick] [--trials N] [--db F] [--overwrite]
 
 `tune` searches micro-kernels for each workload's whole range, writes a checked
 kernel bundle and prints which micro-kernel serves which M. `optimize` runs
 tf_dietcode.optimize() on a SavedModel and prints its summary; a shape range
-gives each dim of one input as a size or LO:HI, comma separated.
+gives each dim of one input as a size or LO:HI, comma separated. Examples
+(representative inputs, each an .npz of one array per input, by name; text as
+str arrays) stand for optimize()'s input_fn.
 """
 
 import argparse
@@ -59,6 +62,23 @@ def _shape_ranges(texts: list[str]) -> dict:
     return ranges
 
 
+def _input_fn(paths: list[str]):
+    """--example files as optimize()'s input_fn, or None."""
+    if not paths:
+        return None
+    import numpy as np
+
+    examples = []
+    for path in paths:
+        try:
+            with np.load(path, allow_pickle=False) as arrays:
+                examples.append(dict(arrays))
+        except (ValueError, TypeError) as error:  # a pickle, an .npy (no context manager), not numpy's
+            raise ValueError(f"--example {path}: not an .npz of plain arrays, one per input by name (text "
+                             f"as str arrays) ({error})") from None
+    return lambda: iter(examples)
+
+
 def _budget(args):
     from tf_dietcode.tuning import search
 
@@ -72,6 +92,7 @@ def _optimize(args) -> int:
 
     report = tf_dietcode.optimize(args.dir, args.output_dir, tags=args.tag_set.split(","),
                                   signature_keys=args.signature_def, shape_ranges=_shape_ranges(args.shape_range),
+                                  input_fn=_input_fn(args.example),
                                   tuning=_budget(args), database=Database(args.db) if args.db else None,
                                   horizontal_fusion=args.horizontal_fusion,
                                   layer_norm_fusion=not args.no_layer_norm_fusion, overwrite=args.overwrite)
@@ -130,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     optimize.add_argument("--signature_def", action="append", help="signature to optimize (default: all)")
     optimize.add_argument("--shape_range", action="append", default=[],
                           help="NAME=DIM,DIM,...: an input's dims, each a size or LO:HI")
+    optimize.add_argument("--example", action="append", default=[],
+                          help="an .npz of one representative input per signature input, by name (as input_fn "
+                               "of optimize(): their shapes set the ranges, and layers whose dims follow the "
+                               "inputs' values, such as words split from text, are sized on them)")
     optimize.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     optimize.add_argument("--horizontal_fusion", action="store_true",
                           help="merge dense layers that read the same input (Q/K/V) into one GEMM")
