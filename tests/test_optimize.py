@@ -400,6 +400,27 @@ def test_a_model_optimized_again_carries_the_files_it_reads(tmp_path, rng):
     assert sum(after.values()) == sum(before.values()) + 1 and generic_after == generic_before
 
 
+def test_a_keras_export_keeps_its_serve_function(tmp_path, rng):
+    """Keras documents calling an exported model as `tf.saved_model.load(path).serve(...)`: the
+    optimized model has `serve` too, taking the model's inputs and returning its outputs as the
+    original's does (here two inputs and a list of two outputs), over the fused layers."""
+    x, y = keras.Input((None, 16), name="x"), keras.Input((None, 8), name="y")
+    hidden = keras.layers.Dense(24, activation="relu")(x)
+    model = keras.Model([x, y], [keras.layers.Dense(8)(hidden), keras.layers.Dense(4)(y)])
+    model.export(str(tmp_path / "in"), verbose=False)
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
+                                  shape_ranges={"x": [(1, 2), (1, 9), 16], "y": [(1, 2), (1, 9), 8]})
+    assert report.fused["tensordot"] == 6  # three layers, in each of serve and serving_default
+    original, optimized = (tf.saved_model.load(str(tmp_path / path)) for path in ("in", "out"))
+    inputs = [rng.uniform(-1, 1, (2, 7, 16)).astype(np.float32), rng.uniform(-1, 1, (2, 5, 8)).astype(np.float32)]
+    outputs, expected = optimized.serve(inputs), original.serve(inputs)  # Keras' serve takes the inputs' list
+    assert isinstance(outputs, list) and len(outputs) == len(expected) == 2
+    for output, reference in zip(outputs, expected):
+        np.testing.assert_allclose(output, reference, rtol=1e-5, atol=1e-5)
+    graph = optimized.serve.get_concrete_function(inputs).graph.as_graph_def()
+    assert "DietcodeFusedMatMul" in {n.op for f in graph.library.function for n in f.node_def}
+
+
 @pytest.mark.parametrize("activation,expected", [
     (lambda x: tf.nn.gelu(x, approximate=True), "gelu_tanh"),
     (lambda x: tf.nn.gelu(x, approximate=False), "gelu"),

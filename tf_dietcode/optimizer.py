@@ -18,7 +18,7 @@ import tempfile
 
 import tensorflow as tf
 
-from tf_dietcode import bundle_store, serving_warmup
+from tf_dietcode import bundle_store, endpoints, serving_warmup
 from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.graph_rewrite import (attention_patterns, dense_patterns, horizontal_fusion, layer_norm_patterns,
                                        rewrite, shape_ranges, signature_graph, softmax_patterns)
@@ -332,7 +332,7 @@ class Converter:
 
     def _module(self) -> tf.Module:
         """A module tracking the variables, tables, packed weights and bundle the rewritten signatures
-        capture, and the input's assets."""
+        capture, and the input's assets; it has the input's own functions that are signatures too."""
         module = tf.Module()
         module.resources_kept, module.dense_weights, self._signatures = [], [], {}
         module.assets_kept = signature_graph.assets_of(self.loaded)
@@ -355,6 +355,9 @@ class Converter:
                 rewritten_functions[computation] = tf.function(lambda *args, f=function: f(*args),
                                                                input_signature=specs).get_concrete_function()
             self._signatures[graph.key] = rewritten_functions[computation]
+            own = endpoints.endpoint(self.loaded, graph.key, rewritten_functions[computation], list(graph.input_specs))
+            if own is not None and not hasattr(module, graph.key):  # Keras' `serve`, called as loaded.serve(x)
+                setattr(module, graph.key, own)
             self.report.fused.update(m.form for layer in self.dense_layers[graph.key] for m in layer.members)
             self.report.fused.update(m.form for m in self._matches_besides_dense(graph.key))
         return module
