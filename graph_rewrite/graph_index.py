@@ -50,10 +50,10 @@ class GraphIndex:
         for node in graph_def.node:
             for source in node.input:
                 self.consumers[tensor_name(source)].append(node.name)
+        self.captured_values = captured_values
         self.graph = tf.Graph()
         with self.graph.as_default():
-            tf.graph_util.import_graph_def(graph_def, name="")
-        self.captured_values = captured_values
+            tf.graph_util.import_graph_def(self._variable_reads_shaped(graph_def), name="")
         self._computed = self._computed_nodes()
         self._folded: dict[str, np.ndarray | None] = {}
 
@@ -98,6 +98,23 @@ class GraphIndex:
                                                       if not i.startswith("^")):
                 computed.add(node.name)
         return computed
+
+    def _variable_reads_shaped(self, graph_def: tf.compat.v1.GraphDef) -> tf.compat.v1.GraphDef:
+        """graph_def for TF's shape inference, each read of a captured variable a placeholder of
+        its value's shape: a resource placeholder carries no shape, so anything a variable takes
+        part in (a product scaled by a trainable scalar, say) lost even its rank."""
+        shaped = tf.compat.v1.GraphDef()
+        shaped.CopyFrom(graph_def)
+        for node in shaped.node:
+            value = self.variable_value(node.input[0]) if node.op == "ReadVariableOp" else None
+            if value is not None:
+                dtype = node.attr["dtype"].type
+                node.op = "Placeholder"
+                del node.input[:]
+                node.attr.clear()
+                node.attr["dtype"].type = dtype
+                node.attr["shape"].shape.CopyFrom(tf.TensorShape(np.shape(value)).as_proto())
+        return shaped
 
     def variable_value(self, handle: str) -> np.ndarray | None:
         """The current value of the captured variable a resource handle refers to."""

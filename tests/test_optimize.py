@@ -550,6 +550,24 @@ def test_batch_matmul_attention_forms(tmp_path, rng, name, attention):
     assert not {"BatchMatMulV2", "Transpose", "Mul", "RealDiv", "AddV2"} & {n.op for f in library for n in f.node_def}
 
 
+def test_keras_attention_scaled_by_a_trainable_scalar(tmp_path, rng):
+    """Keras' Attention(use_scale=True) multiplies the scores by a scalar variable: TF's shape
+    inference knows no variable's shape, so the scores lost their rank, and the product read
+    after the softmax was not matched. Both products fuse, the scale as alpha."""
+    x = keras.Input((None, 16), name="x")
+    attention = keras.layers.Attention(use_scale=True)
+    model = keras.Model(x, attention([keras.layers.Dense(16)(x), keras.layers.Dense(16)(x)]))
+    attention.scale.assign(0.3)
+    model.export(str(tmp_path / "in"), verbose=False)
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", tuning=TINY_TUNING, database=shared_database(),
+                                  shape_ranges={"x": [(1, 2), (1, 9), 16]})
+    assert report.fused["attention (BatchMatMulV2)"] == 4  # scores and context, in serve and serving_default
+    optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    for shape in [(1, 1, 16), (2, 9, 16), (2, 12, 16)]:
+        inputs = rng.uniform(-1, 1, shape).astype(np.float32)
+        np.testing.assert_allclose(optimized(x=inputs)["output_0"], model(inputs), rtol=1e-5, atol=1e-5)
+
+
 def test_signatures_of_one_computation_are_sized_and_rewritten_once(tmp_path, rng, monkeypatch):
     """Keras exports "serve" and "serving_default" as the same graph (but for cosmetic attrs):
     where the graph's shapes cannot size a layer, the model runs at the range corners for one
