@@ -6,6 +6,9 @@ function optimizer, as TF's own freezing does) gives one graph in which
 patterns are matched like any other. Variables are not frozen: they stay
 captured resource handles, kept by the name of the placeholder that stands
 for them, so the rewritten function captures the same variables again.
+Also here: what of the loaded model the output must keep for its graphs to
+run (resources, assets, a TF1 model's initializer), and which calls the
+inlining left as functions.
 """
 
 import contextlib
