@@ -182,7 +182,8 @@ class Converter:
 
     def build(self, input_fn=None) -> "Converter":
         """Tunes every distinct workload; with `input_fn` (yielding dicts of inputs), the shape
-        ranges span the inputs it yields instead."""
+        ranges span the inputs it yields instead, and layers the graph's shapes do not size are
+        also run on them (dims that follow the inputs' values, such as words split from text)."""
         if not self._converted:
             self.convert()
         self._examples = [] if input_fn is None else list(input_fn())
