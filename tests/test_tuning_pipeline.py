@@ -1,6 +1,7 @@
 """The DietCode tuner's pieces: cost model, occupancy fit, search, dispatch
 (tree and its C form), database, runner failures, and a checked bundle."""
 
+import collections
 import ctypes
 import dataclasses
 import gc
@@ -466,10 +467,18 @@ def test_a_kernel_clearly_slower_than_the_best_is_probed_not_timed_in_full(rng, 
 
 def test_repeats_are_interleaved_across_kernels_and_shapes():
     """Each round times every (kernel, shape) pair once, so all of them see the machine's
-    slow and fast seconds alike; a pair that fails stops being timed and is recorded."""
+    slow and fast seconds alike, in balanced orders (each pair first, last and right after each
+    other pair alike); a pair that fails stops being timed and is recorded."""
     calls = []
     assert measure.interleaved(lambda i: calls.append(i) or float(i), [2, 3, 1]) == [[0.0, 0.0], [1.0] * 3, [2.0]]
-    assert calls == [0, 1, 2, 0, 1, 1]
+    assert calls == [0, 1, 2] + [1, 0] + [1]  # rounds [0, 1, 2], [1, 2, 0], [2, 0, 1] without the pairs done
+    for n in range(1, 8):
+        rows = [measure.balanced_order(n, row) for row in range(n if n % 2 == 0 else 2 * n)]
+        assert all(sorted(row) == list(range(n)) for row in rows)
+        places = collections.Counter((i, place) for row in rows for place, i in enumerate(row))
+        successors = collections.Counter(pair for row in rows for pair in zip(row, row[1:]))
+        assert len(places) == n * n and len(set(places.values())) == 1
+        assert len(successors) == n * (n - 1) and len(set(successors.values())) <= 1
 
     class FailingModule(ProbedModule):
         """Its second timer (the second shape's) fails at its second run."""
@@ -486,7 +495,9 @@ def test_repeats_are_interleaved_across_kernels_and_shapes():
     assert [(r.kernel, r.shape, r.seconds) for r in records] == [
         (kernels[0], (3,), 0.001), (kernels[0], (8,), 0.001), (kernels[1], (3,), 0.002), (kernels[1], (8,), None)]
     assert "ZeroDivisionError" in records[3].error and good.timers == [5, 5] and bad.timers == [5, 1]
-    assert steps == [0, 1, 0, 1] + [0, 1, 0, 1] * 2 + [0, 1, 0] * 3  # warm-ups by shape, then rounds
+    # Warm-ups by shape, then rounds over the pairs (k0, 3), (k1, 3), (k0, 8), (k1, 8) in the orders
+    # [0, 1, 3, 2], [1, 2, 0, 3], [2, 3, 1, 0], [3, 0, 2, 1], [0, 1, 3, 2], (k1, 8) dropped after it failed.
+    assert steps == [0, 1, 0, 1] + [0, 1, 1, 0] + [1, 0, 0, 1] + [0, 1, 0] + [0, 0, 1] + [0, 1, 0]
 
 
 def test_work_in_threads_returns_each_result_or_error_in_order():

@@ -264,10 +264,25 @@ def measure_modules(modules: list[tuple[MicroKernel, object]], device, workload:
 
 def interleaved(run: Callable[[int], float], counts: list[int]) -> list[list[float]]:
     """run(i) called counts[i] times for each i, in rounds (each round calls every i still
-    short of its count once); each i's results."""
+    short of its count once); each i's results.
+
+    Each round visits the i in the order of one row of a balanced Latin square (balanced_order),
+    so over the rounds every i comes first, last and right after every other alike. In one fixed
+    order (bench.tuned_kernels: TF, the bundle's kernel, its static build, ...) whatever came first
+    after TF's in-graph sample took it every round: the same kernel read 1.01-1.12x its time later
+    in the round (dense batch 1, T = 17 and 62; Zen 3 VM, session 63), on the symbolic side of the
+    AOT ratio."""
     samples: list[list[float]] = [[] for _ in counts]
     for round_ in range(max(counts, default=0)):
-        for position, count in enumerate(counts):
-            if round_ < count:
+        for position in balanced_order(len(counts), round_):
+            if round_ < counts[position]:
                 samples[position].append(run(position))
     return samples
+
+
+def balanced_order(n: int, row: int) -> list[int]:
+    """Row `row` (mod n, or mod 2n for odd n) of a Williams design over range(n): over n rows (2n
+    for odd n) each i is in every place once (twice) and right after every other i once (twice)."""
+    first = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
+    order = [(i + row) % n for i in first] if n else []
+    return order[::-1] if n % 2 and (row // n) % 2 else order
