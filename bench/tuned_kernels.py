@@ -95,7 +95,9 @@ def median_seconds(*timers: Callable[[], float]) -> list[float]:
     Why interleaved: this VM's speed drifts by tens of % within seconds (the FMA
     peak read 37-68 GFLOP/s across one hour), so computations timed one after another
     compare their moments as much as themselves; in rounds, each round times every
-    one at nearly the same moment and the median drops the outlying rounds.
+    one at nearly the same moment and the median drops the outlying rounds. The rounds' orders
+    are balanced (measure.interleaved): TF's sample, first in every round, slowed what came next
+    by up to ~10% (docs/decisions.md, "Rounds in balanced orders").
     """
     samples = measure.interleaved(lambda i: timers[i](), [ROUNDS] * len(timers))
     return [float(np.median(runs)) for runs in samples]
