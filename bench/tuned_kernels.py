@@ -97,7 +97,7 @@ def median_seconds(*timers: Callable[[], float]) -> list[float]:
     compare their moments as much as themselves; in rounds, each round times every
     one at nearly the same moment and the median drops the outlying rounds. The rounds' orders
     are balanced (measure.interleaved): TF's sample, first in every round, slowed what came next
-    by up to ~10% (docs/decisions.md, "Rounds in balanced orders").
+    (by 3% and 12% in two measurements: docs/decisions.md, "Rounds in balanced orders").
     """
     samples = measure.interleaved(lambda i: timers[i](), [ROUNDS] * len(timers))
     return [float(np.median(runs)) for runs in samples]

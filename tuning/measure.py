@@ -269,9 +269,9 @@ def interleaved(run: Callable[[int], float], counts: list[int]) -> list[list[flo
     Each round visits the i in the order of one row of a balanced Latin square (balanced_order),
     so over the rounds every i comes first, last and right after every other alike. In one fixed
     order (bench.tuned_kernels: TF, the bundle's kernel, its static build, ...) whatever came first
-    after TF's in-graph sample took it every round: the same kernel read 1.01-1.12x its time later
-    in the round (dense batch 1, T = 17 and 62; Zen 3 VM, session 63), on the symbolic side of the
-    AOT ratio."""
+    after TF's in-graph sample took it every round: there the same kernel read 1.116 and 1.031x its
+    time later in the round (dense batch 1, T = 17; 0.980 with TF left out; Zen 3 VM, session 63),
+    on the symbolic side of the AOT ratio."""
     samples: list[list[float]] = [[] for _ in counts]
     for round_ in range(max(counts, default=0)):
         for position in balanced_order(len(counts), round_):
