@@ -8,8 +8,9 @@ then at each T times TF's op in-graph (MatMul+BiasAdd, BatchMatMulV2), the
 bundle's dispatched kernel (TVM's time_evaluator: no Python in the loop),
 the same micro-kernel compiled for that static shape and the largest-shape
 baseline's kernel, each loaded from a library (the last two from <out>/static
-and <out>/largest_shape_w*.so), all four in interleaved rounds (median_seconds).
-Writes tuned_kernels.csv and tuned_kernels.png; prints tuning time and speed-ups.
+and <out>/largest_shape_w*.so), all four in interleaved rounds (round_samples).
+Times are medians over the rounds; symbolic over static is the median of the
+rounds' ratios (paired_ratio). Writes tuned_kernels.csv and tuned_kernels.png; prints tuning time and speed-ups.
 The Nimble-like baseline (tune the largest shape only, use its best kernel for
 every T) runs beside it with the same budget. --workloads keeps the workloads
 whose names start with one of the prefixes (e.g. bmm_nt), to measure again
@@ -89,18 +90,35 @@ ROUNDS = 21  # 7 read NN's 2 us kernel at T = 1 as 1.10x its static build; 41 re
 ROUND_SECONDS = 0.03
 
 
-def median_seconds(*timers: Callable[[], float]) -> list[float]:
-    """Each timer's median over ROUNDS samples, taken in interleaved rounds.
+def round_samples(*timers: Callable[[], float]) -> np.ndarray:
+    """ROUNDS samples of each timer (timers x rounds), taken in interleaved rounds.
 
     Why interleaved: this VM's speed drifts by tens of % within seconds (the FMA
     peak read 37-68 GFLOP/s across one hour), so computations timed one after another
     compare their moments as much as themselves; in rounds, each round times every
-    one at nearly the same moment and the median drops the outlying rounds. The rounds' orders
-    are balanced (measure.interleaved): TF's sample, first in every round, slowed what came next
-    (by 3% and 12% in two measurements: docs/decisions.md, "Rounds in balanced orders").
+    one at nearly the same moment. The rounds' orders are balanced (measure.interleaved):
+    TF's sample, first in every round, slowed what came next (by 3% and 12% in two
+    measurements: docs/decisions.md, "Rounds in balanced orders").
     """
-    samples = measure.interleaved(lambda i: timers[i](), [ROUNDS] * len(timers))
-    return [float(np.median(runs)) for runs in samples]
+    return np.array(measure.interleaved(lambda i: timers[i](), [ROUNDS] * len(timers)))
+
+
+def median_seconds(*timers: Callable[[], float]) -> list[float]:
+    """Each timer's median over round_samples' rounds (the median drops the outlying rounds)."""
+    return [float(np.median(runs)) for runs in round_samples(*timers)]
+
+
+def paired_ratio(numerator: np.ndarray, denominator: np.ndarray) -> float:
+    """The median over rounds of one round's ratio of two timers' samples.
+
+    Why paired: a slow patch of this VM spans seconds, so it lands on both samples of a
+    round, and a round's ratio cancels it where the ratio of the two medians need not (each
+    median may fall in another patch). Six repeats of 21 rounds of the same cells (session 64,
+    Zen 3 VM: dense batch 16 T = 24, batch 1 T = 43, NT T = 43, NN T = 17, batch 16 T = 100)
+    gave the bundle's kernel over its static build a spread (sd of the log) of 0.003-0.010
+    paired against 0.007-0.016 as a ratio of medians; against TF's in-graph sample, timed by
+    another mechanism, pairing did not narrow it (0.016-0.048 against 0.016-0.042)."""
+    return float(np.median(np.asarray(numerator) / np.asarray(denominator)))
 
 
 def tvm_seconds(*calls: tuple) -> list[float]:
@@ -210,22 +228,23 @@ def main(argv=None):
         kernel = dispatch.kernels[index]
         arguments = template.kernel_arguments(operands, workload, kernel)
         largest_kernel, largest_module, _ = largest[name]
-        timed.append((kernel, largest_kernel, median_seconds(
+        samples = round_samples(
             tf_timer(tf_peer, operands),
             tvm_timer(module, bundle.kernel_symbol(w_index, index), arguments),
             tvm_timer(static_module, "main", arguments),
-            tvm_timer(largest_module, "main", template.kernel_arguments(operands, workload, largest_kernel)))))
+            tvm_timer(largest_module, "main", template.kernel_arguments(operands, workload, largest_kernel)))
+        timed.append((kernel, largest_kernel, np.median(samples, axis=1), paired_ratio(samples[1], samples[2])))
 
     rows = []
-    for (_, name, workload, _, t, dims, _, _), (kernel, largest_kernel, (tf_time, symbolic, static, largest_time)) \
-            in zip(jobs, timed, strict=True):
+    for (_, name, workload, _, t, dims, _, _), (kernel, largest_kernel, (tf_time, symbolic, static, largest_time),
+                                               symbolic_over_static) in zip(jobs, timed, strict=True):
         for peer, seconds, used in (("tensorflow", tf_time, kernel), ("dietcode", symbolic, kernel),
                                     ("dietcode_static", static, kernel),
                                     ("largest_shape", largest_time, largest_kernel)):
             rows.append({"workload": name, "T": t, "peer": peer, "kernel": used.name, "ms": seconds * 1e3,
                          "gflops": workload.flops(dims) / seconds / 1e9,
                          "fraction_of_fma_peak": workload.flops(dims) / seconds / 1e9 / peak_gflops,
-                         "speedup_vs_tensorflow": tf_time / seconds, "symbolic_over_static": symbolic / static,
+                         "speedup_vs_tensorflow": tf_time / seconds, "symbolic_over_static": symbolic_over_static,
                          "tuning_seconds": largest[name][2] if peer == "largest_shape" else tuning_seconds[name],
                          "trials": options.trials, "from_empty_databases": from_empty_databases})
 
