@@ -10,7 +10,8 @@ the same micro-kernel compiled for that static shape and the largest-shape
 baseline's kernel, each loaded from a library (the last two from <out>/static
 and <out>/largest_shape_w*.so), all four in interleaved rounds (round_samples).
 Times are medians over the rounds; symbolic over static is the median of the
-rounds' ratios (paired_ratio). Writes tuned_kernels.csv and tuned_kernels.png; prints tuning time and speed-ups.
+rounds' ratios (paired_ratio). Writes tuned_kernels.csv and tuned_kernels.png;
+prints tuning time and speed-ups.
 The Nimble-like baseline (tune the largest shape only, use its best kernel for
 every T) runs beside it with the same budget. --workloads keeps the workloads
 whose names start with one of the prefixes (e.g. bmm_nt), to measure again

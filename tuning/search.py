@@ -40,9 +40,9 @@ class SearchOptions:
 # Why 16 finalists, not 8: first timings rank kernels by luck as much as by speed (finalists timed
 # again read 0.65-1.49x their first records over the 10-90% ranges of the bench's four workloads in
 # one default-budget tuning; session 64, Zen 3 VM), and there dense batch 16's `m4_n24_k768_t1_ki_p`,
-# the largest-shape baseline's pick, came twelfth. From that tuning's first records, the tree over 16 finalists ran 0.966x the time of
-# the tree over 8 (geometric mean over the bench's ten T, paired rounds; 0.91-0.96x from T = 81) and
-# 0.993x at dense batch 1, for about 20 s more per workload.
+# the largest-shape baseline's pick, came twelfth. From that tuning's first records, the tree over
+# 16 finalists ran 0.966x the time of the tree over 8 (geometric mean over the bench's ten T, paired
+# rounds; 0.91-0.96x from T = 81) and 0.993x at dense batch 1, for about 20 s more per workload.
 
 
 # QUICK measures no finalists again: its 12 kernels are two batches, and with 3 finalists
