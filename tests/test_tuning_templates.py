@@ -1,6 +1,8 @@
 """Micro-kernel templates: numerically right at every shape, and local padding
 keeps every bound check out of the compute loop."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tvm
@@ -75,7 +77,7 @@ def test_in_place_row_tasks_share_one_copied_panel(rng, task_m):
     the copy, right at every shape (rows padded to whole row tasks, or to whole tiles
     where a task runs every row tile)."""
     workload = WORKLOADS[6]
-    kernel = micro_kernel.MicroKernel(3, 16, 40, 1, True, task_m=task_m)
+    kernel = micro_kernel.MicroKernel(3, 16, 40, 1, False, task_m=task_m)
     assert kernel in micro_kernel.space(hardware.detect(), workload)
     sch = s_tir.Schedule(dense.schedule(workload, kernel))
     copy_loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("w_global"))]
@@ -110,7 +112,7 @@ def test_whole_batch_tasks_run_their_column_tasks_in_turn(rng, workload):
     every column task with its own y panel, right at every shape; the space offers
     it only where N spans more than one column task."""
     hw = hardware.detect()
-    kernel = micro_kernel.MicroKernel(2, hw.vector_lanes, workload.k.hi, 1, True, whole_batch=True)
+    kernel = micro_kernel.MicroKernel(2, hw.vector_lanes, workload.k.hi, 1, False, whole_batch=True)
     space = micro_kernel.space(hw, workload)
     assert kernel in space
     assert all(not k.whole_batch for k in space if k.tile_n * k.task_n >= workload.n.hi)
@@ -169,7 +171,7 @@ def test_batch_matmul_nt_fetches_its_y_tile_where_nothing_is_padded(rng, workloa
     build whose shape divides every tile fetches it as the symbolic build does,
     instead of reading y in place as gathered vectors, and computes the same result."""
     hw = hardware.detect()
-    kernel = micro_kernel.MicroKernel(2, hw.vector_lanes, 16, 1, True)
+    kernel = micro_kernel.MicroKernel(2, hw.vector_lanes, 16, 1, False)
     assert kernel in micro_kernel.space(hw, workload)
     dims = workload.dims_at(tuple(2 * hw.vector_lanes if "n" in names else size.hi
                                   for names, size in workload.variables()))
@@ -247,6 +249,38 @@ def test_batch_matmul_blocks_k_only_around_column_blocks(rng, workload):
         assert k_loops[-1:] == ([kernel.tile_k] if kernel in blocked else [k]), kernel.name
         assert len(k_loops) == (2 if kernel in blocked else 1), kernel.name
         assert_right_at_edge_shapes(workload, kernel, rng)
+
+
+def machine_code(workload, kernel) -> list[str]:
+    """The kernel's assembly: instructions and branch labels, without directives and comments."""
+    source = measure.compile_kernel(workload, kernel, hardware.detect()).mod.inspect_source("asm")
+    return [line for line in source.splitlines()
+            if not line.strip().startswith((".", "#")) or line.strip().startswith(".LBB")]
+
+
+@pytest.mark.parametrize("workload", [WORKLOADS[1], WORKLOADS[6], WORKLOADS[9], WORKLOADS[12]], ids=ids)
+def test_the_space_holds_one_of_two_loop_orders_that_compile_alike(rng, workload):
+    """Where a task has one K block or one column block, K outside and K inside are the same
+    program, and the space keeps only K inside; the twins it drops compile to the same code."""
+    hw = hardware.detect()
+    space = micro_kernel.space(hw, workload)
+    assert all(micro_kernel.orders_the_loops(workload, k.tile_k, k.task_n) for k in space if k.k_outer)
+    twins = [(k, dataclasses.replace(k, k_outer=True)) for k in space if not k.k_outer]
+    dropped = [(kernel, twin) for kernel, twin in twins if twin not in space  # but allowed by the other rules
+               and twin.tile_k in micro_kernel._reduction_blocks(hw, workload, twin.tile_n, True, twin.task_n)]
+    assert dropped
+    for index in rng.choice(len(dropped), size=2, replace=False):
+        kernel, twin = dropped[index]
+        assert machine_code(workload, kernel) == machine_code(workload, twin), kernel.name
+
+
+def test_loop_orders_differ_with_several_k_and_column_blocks():
+    workload = WORKLOADS[1]  # K = 64 in blocks of 32, two column blocks per task
+    outside = micro_kernel.MicroKernel(4, 16, 32, 2, True, packed=True)
+    inside = dataclasses.replace(outside, k_outer=False)
+    space = micro_kernel.space(hardware.detect(), workload)
+    assert outside in space and inside in space
+    assert machine_code(workload, outside) != machine_code(workload, inside)
 
 
 def test_pack_weight_layout(rng):

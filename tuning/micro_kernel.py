@@ -86,6 +86,17 @@ def _reduction_blocks(hw: "Hardware", workload: Workload, tile_n: int, k_outer: 
     return blocks if workload.kind != "batch_matmul" else [d for d in blocks if d < workload.k.hi]
 
 
+def orders_the_loops(workload: Workload, tile_k: int, task_n: int) -> bool:
+    """Whether k_outer changes the program: only where a task has several K blocks and
+    several column blocks. With one of either, both orders compile to the same machine
+    code (identical assembly for dense packed, in place, grouped and batch matmul NN and
+    NT kernels, e.g. `m6_n16_k768_t1_ki_p` and `m6_n16_k768_t1_ko_p`; LLVM, Zen 3), so the
+    space holds one of them: a twin in the space took two of the search's trials and two
+    of the finalists' places, and split one program's records between two kernels (17%
+    of the dense space, 10-14% of attention's)."""
+    return task_n > 1 and tile_k < workload.k.hi
+
+
 def _weight_layouts(workload: Workload, tile_n: int, task_n: int) -> list[bool]:
     """`packed` values for these column tiles: the workload's weight layout, or both
     for "any"; a weight read in place has no padding, so its tasks must split N exactly,
@@ -141,7 +152,8 @@ def space(hw: "Hardware", workload: Workload) -> list[MicroKernel]:
             continue  # a task wider than N only computes padding
         for tile_k, packed in itertools.product(_reduction_blocks(hw, workload, tile_n, k_outer, task_n),
                                                 _weight_layouts(workload, tile_n, task_n)):
-            if tile_k * tile_n * task_n * 4 <= hw.l2_bytes:
+            twin = k_outer and not orders_the_loops(workload, tile_k, task_n)  # the same code as K inside
+            if tile_k * tile_n * task_n * 4 <= hw.l2_bytes and not twin:
                 micro_kernels += [MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer, packed, task_m, whole_batch)
                                   for task_m in _row_tiles_per_task(hw, workload, tile_n, task_n, packed)
                                   for whole_batch in _batch_tasks(workload, tile_n, task_n)]
