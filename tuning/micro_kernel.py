@@ -22,7 +22,7 @@ class MicroKernel:
     tile_n: int    # register-tile columns; also the pre-packed weight's block width
     tile_k: int    # K cache block (divides a static K; a dynamic K's last block is shorter); see blocks_the_reduction
     task_n: int    # tile_n blocks per parallel task (cache blocking of N)
-    k_outer: bool  # K blocks outside (True) or inside (False) the task's N blocks
+    k_outer: bool  # K blocks outside (True) or inside (False) the task's N blocks; see orders_the_loops
     packed: bool = False  # dense: weight pre-packed in tile_n blocks (True) or read in place as w[K, N]
     task_m: int = 1  # row tiles per parallel task; 0: every row tile (tasks split N only); see _row_tiles_per_task
     whole_batch: bool = False  # batch matmul: a task is a whole batch, its column tasks in turn; see _batch_tasks
