@@ -2,6 +2,7 @@
 keeps every bound check out of the compute loop."""
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -51,7 +52,7 @@ def edge_shapes(workload, rng):
     return sorted(shapes)
 
 
-def assert_right_at_edge_shapes(workload, kernel, rng):
+def assert_right_at_edge_shapes(workload, kernel, rng, atol=1e-4):
     """The symbolic kernel against the float64 reference at edge_shapes."""
     template = templates.for_workload(workload)
     executable = measure.compile_kernel(workload, kernel, hardware.detect())
@@ -61,7 +62,7 @@ def assert_right_at_edge_shapes(workload, kernel, rng):
         arguments = template.kernel_arguments(operands, workload, kernel)
         measure.run(executable, arguments)
         np.testing.assert_allclose(arguments[-1].numpy(), template.reference_output(operands, workload),
-                                   rtol=1e-4, atol=1e-4, err_msg=f"{kernel.name} at {dims}")
+                                   rtol=1e-4, atol=atol, err_msg=f"{kernel.name} at {dims}")
 
 
 @pytest.mark.parametrize("workload", WORKLOADS, ids=ids)
@@ -225,6 +226,20 @@ def test_weight_layouts_of_the_space():
     assert not any(k.packed for k in micro_kernel.space(hw, WORKLOADS[8]))
     grouped = micro_kernel.space(hw, WORKLOADS[12])  # three layers of 32 columns: tasks never straddle two
     assert grouped and all(k.packed and 32 % (k.tile_n * k.task_n) == 0 for k in grouped)
+
+
+@pytest.mark.parametrize("workload", [
+    Workload("dense", (1, 16), 16, 8209),  # a prime K: no K block but K itself, whose panel outgrows half of L2
+    Workload("batch_matmul", (1, 4), 16, (1, 20000), b=2, transpose_b=False)], ids=ids)  # a task's panel of all K
+def test_cache_limits_never_empty_the_space(rng, workload):
+    """Where no kernel's panels fit the caches (8 and 16 lanes, 512 KiB and 1 MiB of L2), the
+    space keeps the kernels of the smallest panel rather than none, and they compute right."""
+    hw = hardware.detect()
+    for lanes, l2_bytes in itertools.product((8, 16), (512 << 10, 1 << 20)):
+        limits = dataclasses.replace(hw, vector_lanes=lanes, vector_registers=2 * lanes, l2_bytes=l2_bytes)
+        assert micro_kernel.space(limits, workload), (lanes, l2_bytes)
+    for kernel in sample_kernels(workload, 2, rng):  # float32 sums of 20000 products of unit normals: ~1e-3 off
+        assert_right_at_edge_shapes(workload, kernel, rng, atol=4e-3)
 
 
 @pytest.mark.parametrize("workload", [WORKLOADS[8], WORKLOADS[9], WORKLOADS[10]], ids=ids)

@@ -56,7 +56,18 @@ def _k_blocks(hw: "Hardware", workload: Workload, tile_n: int):
         candidates = {k} | {d for d in (32, 64, 128, 192, 256, 384, 512) if d < k and k % d == 0}
     else:
         candidates = {d for d in (8, 16, 32, 64, 128, 256) if d < 2 * k}
-    return sorted(d for d in candidates if d * tile_n * 4 <= hw.l2_bytes // 2)
+    return sorted(_within_cache({d: d * tile_n * 4 for d in candidates}, hw.l2_bytes // 2))
+
+
+def _within_cache(footprints: dict, limit: int) -> list:
+    """The keys whose footprint (bytes) fits `limit`, in order; where none does, those of the
+    smallest footprint. Cache limits prune the space but must not empty it: a prime static K
+    above ~8K has no K block that fits (dense K = 8209), and an attention task's panel of all
+    of a long K outgrows a 1 MiB L2 at 16 lanes (NN with K up to 20000): a kernel that
+    misses the cache beats none."""
+    fitting = [key for key, size in footprints.items() if size <= limit]
+    smallest = min(footprints.values(), default=0)
+    return fitting or [key for key, size in footprints.items() if size == smallest]
 
 
 def blocks_the_reduction(workload: Workload, k_outer: bool, task_n: int) -> bool:
@@ -146,18 +157,19 @@ def _batch_tasks(workload: Workload, tile_n: int, task_n: int) -> tuple[bool, ..
 
 def space(hw: "Hardware", workload: Workload) -> list[MicroKernel]:
     """Every micro-kernel the hardware admits for this workload (sizes from hardware limits)."""
-    micro_kernels = []
+    task_panels = {}  # kernel -> bytes of its task's panel (tile_k x tile_n x task_n), to fit L2
     for (tile_m, tile_n), task_n, k_outer in itertools.product(_register_tiles(hw), (1, 2, 4, 8), (True, False)):
         if tile_n * task_n > max(workload.n.hi, tile_n):
             continue  # a task wider than N only computes padding
         for tile_k, packed in itertools.product(_reduction_blocks(hw, workload, tile_n, k_outer, task_n),
                                                 _weight_layouts(workload, tile_n, task_n)):
-            twin = k_outer and not orders_the_loops(workload, tile_k, task_n)  # the same code as K inside
-            if tile_k * tile_n * task_n * 4 <= hw.l2_bytes and not twin:
-                micro_kernels += [MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer, packed, task_m, whole_batch)
-                                  for task_m in _row_tiles_per_task(hw, workload, tile_n, task_n, packed)
-                                  for whole_batch in _batch_tasks(workload, tile_n, task_n)]
-    return micro_kernels
+            if k_outer and not orders_the_loops(workload, tile_k, task_n):
+                continue  # the same code as K inside
+            task_panels.update((MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer, packed, task_m, whole_batch),
+                                tile_k * tile_n * task_n * 4)
+                               for task_m in _row_tiles_per_task(hw, workload, tile_n, task_n, packed)
+                               for whole_batch in _batch_tasks(workload, tile_n, task_n))
+    return _within_cache(task_panels, hw.l2_bytes)
 
 
 def accumulator_share(kernel: MicroKernel, hw: "Hardware") -> float:
