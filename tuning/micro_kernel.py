@@ -35,6 +35,11 @@ class MicroKernel:
         batch = "_b" if self.whole_batch else ""
         return f"m{self.tile_m}_n{self.tile_n}_k{self.tile_k}_t{self.task_n}_{order}{layout}{rows}{batch}"
 
+    @property
+    def task_panel_bytes(self) -> int:
+        """One task's weight panel (tile_k x tile_n x task_n floats), which the space fits in L2."""
+        return self.tile_k * self.tile_n * self.task_n * 4
+
 
 MAX_TILE_ROWS = 8  # the most rows a register tile has (the passes that rewrite tiles rely on it)
 
@@ -56,18 +61,20 @@ def _k_blocks(hw: "Hardware", workload: Workload, tile_n: int):
         candidates = {k} | {d for d in (32, 64, 128, 192, 256, 384, 512) if d < k and k % d == 0}
     else:
         candidates = {d for d in (8, 16, 32, 64, 128, 256) if d < 2 * k}
-    return sorted(_within_cache({d: d * tile_n * 4 for d in candidates}, hw.l2_bytes // 2))
+    return _within_cache(sorted(candidates), lambda d: d * tile_n * 4, hw.l2_bytes // 2)
 
 
-def _within_cache(footprints: dict, limit: int) -> list:
-    """The keys whose footprint (bytes) fits `limit`, in order; where none does, those of the
+def _within_cache(items: list, footprint, limit: int) -> list:
+    """The items whose footprint (bytes) fits `limit`, in order; where none does, those of the
     smallest footprint. Cache limits prune the space but must not empty it: a prime static K
     above ~8K has no K block that fits (dense K = 8209), and an attention task's panel of all
     of a long K outgrows a 1 MiB L2 at 16 lanes (NN with K up to 20000): a kernel that
     misses the cache beats none."""
-    fitting = [key for key, size in footprints.items() if size <= limit]
-    smallest = min(footprints.values(), default=0)
-    return fitting or [key for key, size in footprints.items() if size == smallest]
+    fitting = [item for item in items if footprint(item) <= limit]
+    if fitting or not items:
+        return fitting
+    smallest = min(map(footprint, items))
+    return [item for item in items if footprint(item) == smallest]
 
 
 def blocks_the_reduction(workload: Workload, k_outer: bool, task_n: int) -> bool:
@@ -157,7 +164,7 @@ def _batch_tasks(workload: Workload, tile_n: int, task_n: int) -> tuple[bool, ..
 
 def space(hw: "Hardware", workload: Workload) -> list[MicroKernel]:
     """Every micro-kernel the hardware admits for this workload (sizes from hardware limits)."""
-    task_panels = {}  # kernel -> bytes of its task's panel (tile_k x tile_n x task_n), to fit L2
+    micro_kernels = []
     for (tile_m, tile_n), task_n, k_outer in itertools.product(_register_tiles(hw), (1, 2, 4, 8), (True, False)):
         if tile_n * task_n > max(workload.n.hi, tile_n):
             continue  # a task wider than N only computes padding
@@ -165,11 +172,10 @@ def space(hw: "Hardware", workload: Workload) -> list[MicroKernel]:
                                                 _weight_layouts(workload, tile_n, task_n)):
             if k_outer and not orders_the_loops(workload, tile_k, task_n):
                 continue  # the same code as K inside
-            task_panels.update((MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer, packed, task_m, whole_batch),
-                                tile_k * tile_n * task_n * 4)
-                               for task_m in _row_tiles_per_task(hw, workload, tile_n, task_n, packed)
-                               for whole_batch in _batch_tasks(workload, tile_n, task_n))
-    return _within_cache(task_panels, hw.l2_bytes)
+            micro_kernels += [MicroKernel(tile_m, tile_n, tile_k, task_n, k_outer, packed, task_m, whole_batch)
+                              for task_m in _row_tiles_per_task(hw, workload, tile_n, task_n, packed)
+                              for whole_batch in _batch_tasks(workload, tile_n, task_n)]
+    return _within_cache(micro_kernels, lambda kernel: kernel.task_panel_bytes, hw.l2_bytes)
 
 
 def accumulator_share(kernel: MicroKernel, hw: "Hardware") -> float:
@@ -188,6 +194,6 @@ def features(kernel: MicroKernel, hw: "Hardware") -> list[float]:
             vectors, kernel.tile_m * vectors + vectors + 1,               # registers in use
             accumulator_share(kernel, hw),
             kernel.tile_k * kernel.tile_n * 4 / hw.l1d_bytes,              # weight panel vs L1
-            kernel.tile_k * kernel.tile_n * kernel.task_n * 4 / hw.l2_bytes,  # task's panel vs L2
+            kernel.task_panel_bytes / hw.l2_bytes,                          # task's panel vs L2
             float(kernel.tile_n % (2 * hw.vector_lanes) == 0), float(kernel.packed), kernel.task_m,
             float(kernel.whole_batch)]
