@@ -19,6 +19,7 @@ import tvm
 from tf_dietcode.tuning import bundle, cost_model, dispatch, hardware, measure, search, templates
 from tf_dietcode.tuning.database import Database
 from tf_dietcode.tuning.hardware import Hardware
+from tf_dietcode.tuning.kernel_objects import KernelObjects
 from tf_dietcode.tuning.measure import Measurement
 from tf_dietcode.tuning import micro_kernel
 from tf_dietcode.tuning.micro_kernel import MicroKernel
@@ -575,21 +576,44 @@ def test_quick_tune_writes_a_checked_bundle(tmp_path):
     assert sorted(p.name for p in (tmp_path / "bundle").iterdir()) == sorted([bundle.LIBRARY, bundle.MANIFEST])
 
 
-def test_a_bundle_links_the_objects_of_its_compiling_threads(tmp_path, monkeypatch):
-    """With more compiling threads than kernels, every kernel is an object of its own (which also
-    names it main, weakly): the bundle links them all, and its check runs each one."""
+def _counting_compiles(monkeypatch) -> list:
+    """The kernels measure.compile_kernel compiles in this process from now on."""
+    compiled, real = [], measure.compile_kernel
+    monkeypatch.setattr(measure, "compile_kernel", lambda workload, kernel, *rest: compiled.append(kernel)
+                        or real(workload, kernel, *rest))
+    return compiled
+
+
+def test_a_bundle_links_the_kernels_its_runner_compiled(tmp_path, monkeypatch):
+    """The bundle links each kernel's kept object file, its function renamed: nothing is compiled
+    again, and its check runs every kernel under its new name."""
     workload = Workload("batch_matmul", (1, 20), (1, 20), 8, b=2)
     kernels = micro_kernel.space(hardware.detect(), workload)[:3]
     shapes = workload.all_shapes()
     thirds = np.array([min(m // 7, 2) for m, _ in shapes])  # kernel i is the fastest in its third of M
     by_thirds = dispatch.fit_tree(workload, kernels, shapes, np.array([1.0 + (thirds == i) for i in range(3)]))
-    monkeypatch.setattr(hardware, "detect", lambda real=hardware.detect(): dataclasses.replace(real, cores=8))
     samples = [(1, 1), (10, 5), (20, 20)]  # one in each third, so the bundle's check runs all three kernels
     assert sorted({by_thirds.kernel_index(workload.dims_at(s)) for s in samples}) == [0, 1, 2]
-    manifest = bundle.build_bundle([by_thirds], hardware.detect(), tmp_path / "bundle", [samples])
+    objects = KernelObjects(tmp_path / "kernels")
+    assert all(r.seconds for r in LocalRunner(hardware.detect(), objects=objects).run(workload, kernels, samples))
+    compiled = _counting_compiles(monkeypatch)
+    manifest = bundle.build_bundle([by_thirds], hardware.detect(), tmp_path / "bundle", [samples], objects=objects)
+    assert compiled == []
     module = tvm.runtime.load_module(str(tmp_path / "bundle" / bundle.LIBRARY))
     assert len(manifest["workloads"][0]["kernels"]) == 3
     assert all(module[k["symbol"]] is not None for k in manifest["workloads"][0]["kernels"])
+
+
+def test_a_damaged_kept_kernel_is_compiled_again(tmp_path, monkeypatch):
+    """A kept kernel whose library cannot be loaded (cut short, say) is built again, once."""
+    objects, hw = KernelObjects(tmp_path), hardware.detect()
+    kernel = MicroKernel(2, 8, 32, 1, True)
+    library = objects.library(WORKLOAD, kernel, hw)
+    library.write_bytes(library.read_bytes()[:100])
+    compiled = _counting_compiles(monkeypatch)
+    module = objects.load(WORKLOAD, kernel, hw)
+    assert compiled == [kernel] and module["main"] is not None
+    assert objects.load(WORKLOAD, kernel, hw)["main"] is not None and compiled == [kernel]
 
 
 def test_largest_shape_baseline_tunes_one_shape_and_serves_the_range():
@@ -640,17 +664,17 @@ def rpc_tracker():
 
 @pytest.mark.parametrize("workload", [Workload("batch_matmul", (1, 20), (1, 20), 8, b=2),
                                       Workload("dense", (1, 20), 24, 16, cold_weight=True)], ids=["bmm", "cold_dense"])
-def test_rpc_runner_measures_through_a_tracker(rpc_tracker, workload):
+def test_rpc_runner_measures_through_a_tracker(rpc_tracker, workload, tmp_path, monkeypatch):
     from tf_dietcode.tuning.runner import RPCRunner
 
-    runner = RPCRunner(hardware.detect(), "127.0.0.1", rpc_tracker.port, "test-cpu", repeats=2, min_repeat_ms=1)
-    measure.symbolic_kernel.cache_clear()
+    runner = RPCRunner(hardware.detect(), "127.0.0.1", rpc_tracker.port, "test-cpu", repeats=2, min_repeat_ms=1,
+                       objects=KernelObjects(tmp_path))
+    compiled = _counting_compiles(monkeypatch)
     result = search.search(workload, hardware.detect(), runner, search.SearchOptions(trials=3, batch=3, samples=2),
                            progress=False)
     assert len(result.measurements) == 3 * len(result.sample_shapes + search.between_shapes(result.sample_shapes))
     assert all(r.seconds and r.seconds > 0 and r.error is None for r in result.measurements)
-    # the three kernels, timed again as finalists, were compiled once
-    assert measure.symbolic_kernel.cache_info()[:2] == (3, 3)  # (hits, misses)
+    assert len(compiled) == 3  # the three kernels, timed again as finalists, were compiled once
 
 
 def test_plain_computations_match_the_references(rng):

@@ -22,6 +22,7 @@ from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.tuning import hardware, measure, templates
 from tf_dietcode.tuning.dispatch import Dispatch
 from tf_dietcode.tuning.hardware import Hardware
+from tf_dietcode.tuning.kernel_objects import KernelObjects
 from tf_dietcode.tuning.templates import dense
 from tf_dietcode.tuning.workload import DIMS
 
@@ -92,35 +93,32 @@ def _workload_entry(index: int, dispatch: Dispatch) -> dict:
     return entry
 
 
-def _kernel_objects(dispatches: list[Dispatch], hw: Hardware, directory: pathlib.Path) -> list[pathlib.Path]:
-    """Every kernel under its kernel_symbol, compiled into one object file per core (kernels{i}.o in
-    `directory`, each a share of the kernels, made side by side: measure.in_threads); raises the first error.
-    A CPU build has no imported modules, so the objects are all export_library would link."""
+def _kernel_objects(dispatches: list[Dispatch], hw: Hardware, directory: pathlib.Path,
+                   objects: KernelObjects) -> list[pathlib.Path]:
+    """Every kernel's object file (from `objects`, compiled there if the runner did not), copied into
+    `directory` with its function exported under kernel_symbol; raises the first error. Those not kept
+    yet are compiled side by side (measure.in_threads). A CPU build has no imported modules, so the
+    objects are all export_library would link."""
     functions = [(kernel_symbol(w, k), dispatch.workload, kernel)
                  for w, dispatch in enumerate(dispatches) for k, kernel in enumerate(dispatch.kernels)]
-    threads = hardware.detect().cores  # this machine's, which hw (the target) need not be
-    parts = [functions[i::threads] for i in range(max(1, min(threads, len(functions))))]
 
-    def compiled(index: int) -> pathlib.Path:
-        executable = measure.build(tvm.IRModule({
-            name: templates.for_workload(workload).schedule(workload, kernel)["main"].with_attr("global_symbol", name)
-            for name, workload, kernel in parts[index]}), hw)
-        if executable.mod.imports:
-            raise RuntimeError("a CPU build came with imported modules, which a bundle does not link")
-        executable.mod.write_to_file(str(directory / f"kernels{index}.o"))
-        return directory / f"kernels{index}.o"
+    def copied(function) -> pathlib.Path:
+        name, workload, kernel = function
+        return objects.renamed_object(workload, kernel, hw, name, directory / f"{name}.o")
 
-    return measure.in_threads(compiled, range(len(parts)), threads, strict=True)
+    return measure.in_threads(copied, functions, hardware.detect().cores, strict=True)  # this machine's cores
 
 
 def build_bundle(dispatches: list[Dispatch], hw: Hardware, directory: str | pathlib.Path,
-                 samples: list[list[tuple[int, ...]]], seed: int = 0) -> dict:
-    """Compiles, checks and writes the bundle into `directory` (atomically); returns the manifest."""
+                 samples: list[list[tuple[int, ...]]], seed: int = 0, objects: KernelObjects | None = None) -> dict:
+    """Links (compiling what `objects` lacks), checks and writes the bundle into `directory` (atomically);
+    returns the manifest."""
     directory = pathlib.Path(directory)
     with atomic_directory(directory) as staging:
-        objects = [*_kernel_objects(dispatches, hw, staging), compile_dispatch(dispatches, staging)]
-        cc.create_shared(str(staging / LIBRARY), [str(o) for o in objects])  # as export_library links
-        for leftover in (*objects, staging / "dispatch.c"):
+        linked = [*_kernel_objects(dispatches, hw, staging, objects or KernelObjects()),
+                  compile_dispatch(dispatches, staging)]
+        cc.create_shared(str(staging / LIBRARY), [str(o) for o in linked])  # as export_library links
+        for leftover in (*linked, staging / "dispatch.c"):
             leftover.unlink()
         _check(staging / LIBRARY, dispatches, samples, seed)
         manifest = {

@@ -15,7 +15,6 @@ the previous op's output, cached in a model too.
 """
 
 import dataclasses
-import functools
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -134,24 +133,6 @@ def in_threads(function: Callable, items: Iterable, threads: int, strict: bool =
             if isinstance(result, Exception):
                 raise result
     return results
-
-
-def jitted(module):
-    """The module, its machine code generated now: LLVM makes it at the first lookup of a function
-    (15-50% of a kernel's compile), so a thread that compiles kernels for later runs looks one up."""
-    module["main"]
-    return module
-
-
-KEPT_KERNELS = 128  # two default budgets (search.SearchOptions.trials): a run's finalists are among its last ones
-
-
-@functools.lru_cache(maxsize=KEPT_KERNELS)
-def symbolic_kernel(workload: Workload, kernel: MicroKernel, hw: Hardware):
-    """compile_kernel's symbolic build, kept by the process that compiled it. The search times its
-    finalists again (search._finalists) through the same runner process, and compiling them again was
-    most of that step: 54 of the 122 s the tests' quick-tuned bundle of six workloads took (Zen 3 VM)."""
-    return compile_kernel(workload, kernel, hw)
 
 
 def run(executable, arguments) -> None:

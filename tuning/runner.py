@@ -18,7 +18,6 @@ import os
 import selectors
 import subprocess
 import sys
-import tempfile
 import time
 import weakref
 
@@ -27,6 +26,7 @@ from tvm import rpc
 
 from tf_dietcode.tuning import hardware, measure
 from tf_dietcode.tuning.hardware import Hardware
+from tf_dietcode.tuning.kernel_objects import KernelObjects
 from tf_dietcode.tuning.measure import Measurement
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
@@ -38,6 +38,7 @@ class LocalRunner:
     repeats: int = 5
     min_repeat_ms: int = 20
     timeout_s: float = 60.0    # per step of a kernel's work: its compile, a warm-up or one timing
+    objects: KernelObjects = dataclasses.field(default_factory=KernelObjects)  # where its compiled kernels are kept
     _worker: subprocess.Popen | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
     _finalizer: weakref.finalize | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
@@ -60,7 +61,8 @@ class LocalRunner:
         which is then stopped."""
         job = {"workload": workload.key(), "kernels": [dataclasses.asdict(k) for k in kernels],
                "shapes": [list(s) for s in shapes], "seed": seed, "repeats": self.repeats,
-               "min_repeat_ms": self.min_repeat_ms, "best": [[list(s), t] for s, t in best.items()]}
+               "min_repeat_ms": self.min_repeat_ms, "best": [[list(s), t] for s, t in best.items()],
+               "objects": str(self.objects.directory)}
         worker = self._started_worker()
         busy = 0
         try:
@@ -139,6 +141,7 @@ class RPCRunner:
     repeats: int = 5
     min_repeat_ms: int = 20
     session_timeout_s: int = 600
+    objects: KernelObjects = dataclasses.field(default_factory=KernelObjects)
 
     def run(self, workload: Workload, kernels: list[MicroKernel], shapes: list[tuple[int, ...]],
             seed: int = 0, best: dict[tuple[int, ...], float] | None = None) -> list[Measurement]:
@@ -146,20 +149,15 @@ class RPCRunner:
             self.key, session_timeout=self.session_timeout_s)
         results: list[Measurement] = []
         loaded = []
-        with tempfile.TemporaryDirectory(prefix="tf-dietcode-rpc-") as scratch:
-            def export(index: int) -> str:
-                library = f"{scratch}/kernel{index}.so"
-                measure.symbolic_kernel(workload, kernels[index], self.hw).export_library(library)
-                return library
-
-            exports = measure.in_threads(export, range(len(kernels)), hardware.detect().cores)  # built here
-            for index, (kernel, library) in enumerate(zip(kernels, exports)):
-                try:
-                    if isinstance(library, Exception):
-                        raise library
-                    session.upload(library)
-                    loaded.append((kernel, session.load_module(f"kernel{index}.so")))
-                except Exception as error:  # noqa: BLE001 - a failed candidate is data
-                    results.extend(Measurement.failed(kernel, s, error) for s in shapes)
+        exports = measure.in_threads(lambda kernel: self.objects.library(workload, kernel, self.hw), kernels,
+                                     hardware.detect().cores)  # built here
+        for kernel, library in zip(kernels, exports):
+            try:
+                if isinstance(library, Exception):
+                    raise library
+                session.upload(str(library))
+                loaded.append((kernel, session.load_module(library.name)))
+            except Exception as error:  # noqa: BLE001 - a failed candidate is data
+                results.extend(Measurement.failed(kernel, s, error) for s in shapes)
         return results + measure.measure_modules(loaded, session.cpu(), workload, shapes, np.random.default_rng(seed),
                                                  self.repeats, self.min_repeat_ms, best)

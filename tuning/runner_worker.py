@@ -9,6 +9,7 @@ that the parent knows which kernel hung or crashed; then one JSON line per
 """
 
 import json
+import pathlib
 import sys
 import threading
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import numpy as np
 import tvm
 
 from tf_dietcode.tuning import hardware, measure
+from tf_dietcode.tuning.kernel_objects import KernelObjects
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.workload import Workload
 
@@ -60,8 +62,8 @@ def run_job(job: dict) -> None:
     shapes = [tuple(shape) for shape in job["shapes"]]
     kernels = [MicroKernel(**fields) for fields in job["kernels"]]
     compiled, records = [], []
-    builds = compile_all(len(kernels), lambda i: measure.jitted(measure.symbolic_kernel(workload, kernels[i], hw).mod),
-                         hw.cores)
+    objects = KernelObjects(pathlib.Path(job["objects"]))
+    builds = compile_all(len(kernels), lambda i: objects.load(workload, kernels[i], hw), hw.cores)
     for index, (kernel, build) in enumerate(zip(kernels, builds)):
         if isinstance(build, Exception):  # a kernel that fails to build is a record
             records += [measure.Measurement.failed(kernel, shape, build) for shape in shapes]

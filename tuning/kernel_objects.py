@@ -1,0 +1,107 @@
+"""Compiled micro-kernels kept on disk, so each is compiled once: the object file the runner
+measures (linked alone into a shared library) is the one the bundle links, renamed.
+
+Compiling is most of a quick tuning's cost, and the bundle used to compile every kernel
+of its trees again: 21 of the 49 s of one test's tuning of a batch matmul with four
+dynamic dims (2-vCPU Xeon, session 69). The same machine code is measured and shipped.
+
+An entry is keyed by the workload, the kernel, the target and a fingerprint of the code
+that lowers it (tuning/'s sources and TVM's version), so no object outlives the compiler
+that made it. Entries are written under a temporary name and renamed into place, so
+processes sharing a directory (xdist workers, tuning runs side by side) never read half
+a file; one that cannot be loaded is compiled again.
+"""
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import tempfile
+
+import tvm
+from tvm.support import cc
+
+from tf_dietcode.tuning import measure
+from tf_dietcode.tuning.hardware import Hardware
+from tf_dietcode.tuning.workload import Workload
+
+CACHE_ENV = "TF_DIETCODE_KERNEL_CACHE"  # the directory; by default ~/.cache/tf_dietcode/kernels
+EXPORTED_PREFIX = "__tvm_ffi_"  # the C symbol TVM's library modules export a function `name` under
+
+
+def default_directory() -> pathlib.Path:
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(os.environ.get(CACHE_ENV) or pathlib.Path(base) / "tf_dietcode" / "kernels")
+
+
+@functools.lru_cache(maxsize=1)
+def _code_fingerprint() -> str:
+    """TVM's version and every source file of tuning/ (templates and passes included)."""
+    digest = hashlib.sha256(tvm.__version__.encode())
+    root = pathlib.Path(__file__).parent
+    for source in sorted(root.rglob("*.py")):
+        digest.update(str(source.relative_to(root)).encode() + source.read_bytes())
+    return digest.hexdigest()
+
+
+def _write_atomically(path: pathlib.Path, write) -> None:
+    """write(temporary path), then the file renamed to `path`."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(handle)
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelObjects:
+    directory: pathlib.Path = dataclasses.field(default_factory=default_directory)
+
+    def _entry(self, workload: Workload, kernel, hw: Hardware) -> pathlib.Path:
+        key = json.dumps([workload.key(), dataclasses.asdict(kernel), dataclasses.asdict(hw), _code_fingerprint()])
+        return self.directory / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+    def object_file(self, workload: Workload, kernel, hw: Hardware) -> pathlib.Path:
+        """The kernel's object file (its function "main", symbolic in the dynamic dims), compiled
+        now if it is not kept yet."""
+        path = self._entry(workload, kernel, hw).with_suffix(".o")
+        if not path.exists():
+            executable = measure.compile_kernel(workload, kernel, hw)
+            if executable.mod.imports:
+                raise RuntimeError("a CPU build came with imported modules, which an object file does not hold")
+            self.directory.mkdir(parents=True, exist_ok=True)
+            _write_atomically(path, executable.mod.write_to_file)
+        return path
+
+    def library(self, workload: Workload, kernel, hw: Hardware) -> pathlib.Path:
+        """The kernel's object file linked alone into a shared library (as export_library links)."""
+        path = self._entry(workload, kernel, hw).with_suffix(".so")
+        if not path.exists():
+            objects = [str(self.object_file(workload, kernel, hw))]
+            _write_atomically(path, lambda temporary: cc.create_shared(temporary, objects))
+        return path
+
+    def load(self, workload: Workload, kernel, hw: Hardware):
+        """The kernel as a loaded module (its function "main"); an entry that does not load is built again."""
+        for attempt in range(2):
+            try:
+                return tvm.runtime.load_module(str(self.library(workload, kernel, hw)))
+            except Exception:  # noqa: BLE001 - a damaged entry: compile it again, once
+                if attempt:
+                    raise
+                for suffix in (".so", ".o"):
+                    self._entry(workload, kernel, hw).with_suffix(suffix).unlink(missing_ok=True)
+
+    def renamed_object(self, workload: Workload, kernel, hw: Hardware, symbol: str,
+                       destination: pathlib.Path) -> pathlib.Path:
+        """A copy of the kernel's object file at `destination`, its function exported as `symbol`."""
+        subprocess.run([os.environ.get("OBJCOPY", "objcopy"),
+                        f"--redefine-sym={EXPORTED_PREFIX}main={EXPORTED_PREFIX}{symbol}",
+                        str(self.object_file(workload, kernel, hw)), str(destination)], check=True)
+        return destination
