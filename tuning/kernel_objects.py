@@ -33,8 +33,8 @@ EXPORTED_PREFIX = "__tvm_ffi_"  # the C symbol TVM's library modules export a fu
 
 
 def default_directory() -> pathlib.Path:
-    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-    return pathlib.Path(os.environ.get(CACHE_ENV) or pathlib.Path(base) / "tf_dietcode" / "kernels")
+    """Beside the Keras layers' bundle store (tf_dietcode/bundle_store.py)."""
+    return pathlib.Path(os.environ.get(CACHE_ENV, pathlib.Path.home() / ".cache" / "tf_dietcode" / "kernels"))
 
 
 @functools.lru_cache(maxsize=1)
