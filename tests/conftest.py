@@ -38,8 +38,6 @@ def _shared_tuning_database() -> pathlib.Path:
 
 
 TUNING_DATABASE = _shared_tuning_database()
-# Compiled kernels beside it, shared the same way (tuning/kernel_objects.py), never the user's cache.
-os.environ.setdefault("TF_DIETCODE_KERNEL_CACHE", str(TUNING_DATABASE.with_suffix(".kernels")))
 
 
 def shared_database():

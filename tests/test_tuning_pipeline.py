@@ -604,6 +604,24 @@ def test_a_bundle_links_the_kernels_its_runner_compiled(tmp_path, monkeypatch):
     assert all(module[k["symbol"]] is not None for k in manifest["workloads"][0]["kernels"])
 
 
+def test_a_resumed_tuning_compiles_nothing(tmp_path, monkeypatch):
+    """A database with a file keeps its compiled kernels beside it: tuning again from it
+    measures nothing (search.search resumes) and builds its bundle from them."""
+    database = Database(tmp_path / "db.jsonl")
+    assert database.kernel_objects().directory == tmp_path / "db.kernels"
+    workload = Workload("dense", (1, 12), 16, 8, bias=True)
+    options = search.SearchOptions(trials=2, batch=2, samples=2, finalists=0)
+    first = tune([workload], tmp_path / "first", options=options, database=database, progress=False)
+    assert len(list((tmp_path / "db.kernels").glob("*.o"))) == 2
+    records = (tmp_path / "db.jsonl").read_text()
+    compiled = _counting_compiles(monkeypatch)
+    again = tune([workload], tmp_path / "again", options=options, database=Database(tmp_path / "db.jsonl"),
+                 progress=False)
+    assert (tmp_path / "db.jsonl").read_text() == records  # nothing measured again
+    assert compiled == [] and [k["name"] for k in again.manifest["workloads"][0]["kernels"]] \
+        == [k["name"] for k in first.manifest["workloads"][0]["kernels"]]
+
+
 def test_a_damaged_kept_kernel_is_compiled_again(tmp_path, monkeypatch):
     """A kept kernel whose library cannot be loaded (cut short, say) is built again, once."""
     objects, hw = KernelObjects(tmp_path), hardware.detect()

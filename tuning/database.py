@@ -12,6 +12,7 @@ import math
 import pathlib
 
 from tf_dietcode.tuning.cost_model import observed_gflops
+from tf_dietcode.tuning.kernel_objects import KernelObjects
 from tf_dietcode.tuning.measure import Measurement, latest
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.templates import TEMPLATES_VERSION
@@ -29,6 +30,11 @@ class Database:
                     self._records.append(json.loads(line))
                 except json.JSONDecodeError:
                     continue  # a line cut short by an interrupted run
+
+    def kernel_objects(self) -> KernelObjects:
+        """Where the kernels measured into this database are kept compiled: beside its file
+        (<name>.kernels/), or for the process when it has none."""
+        return KernelObjects(self.path.with_suffix(".kernels")) if self.path else KernelObjects()
 
     def add(self, workload: Workload, target: str, measurements: list[Measurement]) -> None:
         records = [{"workload": workload.key(), "target": target, "templates": TEMPLATES_VERSION, **m.to_json()}

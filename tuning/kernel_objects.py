@@ -5,6 +5,10 @@ Compiling is most of a quick tuning's cost, and the bundle used to compile every
 of its trees again: 21 of the 49 s of one test's tuning of a batch matmul with four
 dynamic dims (2-vCPU Xeon, session 69). The same machine code is measured and shipped.
 
+A tuning database with a file keeps its compiled kernels beside it (Database.kernel_objects),
+so a fresh database is a tuning from scratch, and a resumed one links what it measured;
+otherwise they live in a directory of the process, removed at its exit.
+
 An entry is keyed by the workload, the kernel, the target and a fingerprint of the code
 that lowers it (tuning/'s sources and TVM's version), so no object outlives the compiler
 that made it. Entries are written under a temporary name and renamed into place, so
@@ -12,12 +16,14 @@ processes sharing a directory (xdist workers, tuning runs side by side) never re
 a file; one that cannot be loaded is compiled again.
 """
 
+import atexit
 import dataclasses
 import functools
 import hashlib
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import tempfile
 
@@ -28,13 +34,15 @@ from tf_dietcode.tuning import measure
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.workload import Workload
 
-CACHE_ENV = "TF_DIETCODE_KERNEL_CACHE"  # the directory; by default ~/.cache/tf_dietcode/kernels
 EXPORTED_PREFIX = "__tvm_ffi_"  # the C symbol TVM's library modules export a function `name` under
 
 
-def default_directory() -> pathlib.Path:
-    """Beside the Keras layers' bundle store (tf_dietcode/bundle_store.py)."""
-    return pathlib.Path(os.environ.get(CACHE_ENV, pathlib.Path.home() / ".cache" / "tf_dietcode" / "kernels"))
+@functools.lru_cache(maxsize=1)
+def process_directory() -> pathlib.Path:
+    """This process's directory of kept kernels, for tunings whose database has no file."""
+    directory = tempfile.mkdtemp(prefix="tf_dietcode-kernels-")
+    atexit.register(shutil.rmtree, directory, True)
+    return pathlib.Path(directory)
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,7 +69,7 @@ def _write_atomically(path: pathlib.Path, write) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class KernelObjects:
-    directory: pathlib.Path = dataclasses.field(default_factory=default_directory)
+    directory: pathlib.Path = dataclasses.field(default_factory=process_directory)
 
     def _entry(self, workload: Workload, kernel, hw: Hardware) -> pathlib.Path:
         key = json.dumps([workload.key(), dataclasses.asdict(kernel), dataclasses.asdict(hw), _code_fingerprint()])

@@ -6,7 +6,6 @@ import pathlib
 from tf_dietcode.tuning import bundle, hardware
 from tf_dietcode.tuning.database import Database
 from tf_dietcode.tuning.dispatch import Dispatch, build_dispatch
-from tf_dietcode.tuning.kernel_objects import KernelObjects
 from tf_dietcode.tuning.runner import LocalRunner
 from tf_dietcode.tuning.search import SearchOptions, SearchResult, search
 from tf_dietcode.tuning.workload import Workload
@@ -24,9 +23,9 @@ def tune(workloads: list[Workload], bundle_dir: str | pathlib.Path, *,
          runner=None, progress: bool = True) -> TuningReport:
     """Tunes every workload for its whole range and writes their kernel bundle."""
     hw = hardware.detect()
-    objects = KernelObjects()  # the runner's compiled kernels are the bundle's
-    runner = runner or LocalRunner(hw, objects=objects)
     database = database or Database()
+    objects = database.kernel_objects()  # the runner's compiled kernels are the bundle's
+    runner = runner or LocalRunner(hw, objects=objects)
     results = [search(w, hw, runner, options, database, progress) for w in dict.fromkeys(workloads)]
     dispatches = [build_dispatch(r) for r in results]
     manifest = bundle.build_bundle(dispatches, hw, bundle_dir, [r.sample_shapes for r in results],
