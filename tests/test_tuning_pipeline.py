@@ -623,15 +623,19 @@ def test_a_resumed_tuning_compiles_nothing(tmp_path, monkeypatch):
 
 
 def test_a_damaged_kept_kernel_is_compiled_again(tmp_path, monkeypatch):
-    """A kept kernel whose library cannot be loaded (cut short, say) is built again, once."""
+    """A kept kernel whose object file cannot be linked (cut short, say) is compiled again, once."""
     objects, hw = KernelObjects(tmp_path), hardware.detect()
     kernel = MicroKernel(2, 8, 32, 1, True)
-    library = objects.library(WORKLOAD, kernel, hw)
-    library.write_bytes(library.read_bytes()[:100])
+    kept = objects.object_file(WORKLOAD, kernel, hw)
+    kept.write_bytes(kept.read_bytes()[:100])
     compiled = _counting_compiles(monkeypatch)
     module = objects.load(WORKLOAD, kernel, hw)
     assert compiled == [kernel] and module["main"] is not None
     assert objects.load(WORKLOAD, kernel, hw)["main"] is not None and compiled == [kernel]
+    assert [p.suffix for p in tmp_path.iterdir()] == [".o"]  # the libraries loaded are not kept
+    kept.write_bytes(kept.read_bytes()[:100])
+    copy = objects.renamed_object(WORKLOAD, kernel, hw, "renamed", tmp_path.parent / f"{tmp_path.name}-copy.o")
+    assert compiled == [kernel, kernel] and b"__tvm_ffi_renamed" in copy.read_bytes()
 
 
 def test_largest_shape_baseline_tunes_one_shape_and_serves_the_range():

@@ -67,6 +67,11 @@ def _write_atomically(path: pathlib.Path, write) -> None:
             os.unlink(temporary)
 
 
+def _linked(object_file: pathlib.Path, library: pathlib.Path) -> pathlib.Path:
+    cc.create_shared(str(library), [str(object_file)])
+    return library
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelObjects:
     directory: pathlib.Path = dataclasses.field(default_factory=process_directory)
@@ -87,29 +92,40 @@ class KernelObjects:
             _write_atomically(path, executable.mod.write_to_file)
         return path
 
-    def library(self, workload: Workload, kernel, hw: Hardware) -> pathlib.Path:
-        """The kernel's object file linked alone into a shared library (as export_library links)."""
-        path = self._entry(workload, kernel, hw).with_suffix(".so")
-        if not path.exists():
-            objects = [str(self.object_file(workload, kernel, hw))]
-            _write_atomically(path, lambda temporary: cc.create_shared(temporary, objects))
-        return path
+    def _using(self, workload: Workload, kernel, hw: Hardware, use):
+        """use(the kernel's object file); an entry it cannot read (cut short, say) is compiled again, once.
+        A kernel that fails to compile raises at once."""
+        path = self.object_file(workload, kernel, hw)
+        try:
+            return use(path)
+        except Exception:  # noqa: BLE001 - a damaged entry: compile it again, once
+            path.unlink(missing_ok=True)
+            return use(self.object_file(workload, kernel, hw))
+
+    def library(self, workload: Workload, kernel, hw: Hardware, directory: pathlib.Path) -> pathlib.Path:
+        """The kernel linked alone into a shared library in `directory` (as export_library links)."""
+        destination = self._library_path(workload, kernel, hw, directory)
+        return self._using(workload, kernel, hw, lambda path: _linked(path, destination))
 
     def load(self, workload: Workload, kernel, hw: Hardware):
-        """The kernel as a loaded module (its function "main"); an entry that does not load is built again."""
-        for attempt in range(2):
-            try:
-                return tvm.runtime.load_module(str(self.library(workload, kernel, hw)))
-            except Exception:  # noqa: BLE001 - a damaged entry: compile it again, once
-                if attempt:
-                    raise
-                for suffix in (".so", ".o"):
-                    self._entry(workload, kernel, hw).with_suffix(suffix).unlink(missing_ok=True)
+        """The kernel as a loaded module (its function "main"). The library it is linked into is
+        removed once loaded: only object files are kept (about 200 KB a kernel)."""
+        with tempfile.TemporaryDirectory(prefix="tf_dietcode-kernel-") as scratch:
+            destination = self._library_path(workload, kernel, hw, pathlib.Path(scratch))
+            return self._using(workload, kernel, hw,
+                               lambda path: tvm.runtime.load_module(str(_linked(path, destination))))
+
+    def _library_path(self, workload: Workload, kernel, hw: Hardware, directory: pathlib.Path) -> pathlib.Path:
+        """Named by the entry: the dynamic loader keeps a library by its path, so a path never names two kernels."""
+        return directory / self._entry(workload, kernel, hw).with_suffix(".so").name
 
     def renamed_object(self, workload: Workload, kernel, hw: Hardware, symbol: str,
                        destination: pathlib.Path) -> pathlib.Path:
         """A copy of the kernel's object file at `destination`, its function exported as `symbol`."""
-        subprocess.run([os.environ.get("OBJCOPY", "objcopy"),
-                        f"--redefine-sym={EXPORTED_PREFIX}main={EXPORTED_PREFIX}{symbol}",
-                        str(self.object_file(workload, kernel, hw)), str(destination)], check=True)
-        return destination
+        def renamed(path: pathlib.Path) -> pathlib.Path:
+            subprocess.run([os.environ.get("OBJCOPY", "objcopy"),
+                            f"--redefine-sym={EXPORTED_PREFIX}main={EXPORTED_PREFIX}{symbol}",
+                            str(path), str(destination)], check=True, capture_output=True)
+            return destination
+
+        return self._using(workload, kernel, hw, renamed)

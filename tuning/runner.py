@@ -15,9 +15,11 @@ machines behind a TVM RPC tracker.
 import dataclasses
 import json
 import os
+import pathlib
 import selectors
 import subprocess
 import sys
+import tempfile
 import time
 import weakref
 
@@ -149,15 +151,17 @@ class RPCRunner:
             self.key, session_timeout=self.session_timeout_s)
         results: list[Measurement] = []
         loaded = []
-        exports = measure.in_threads(lambda kernel: self.objects.library(workload, kernel, self.hw), kernels,
-                                     hardware.detect().cores)  # built here
-        for kernel, library in zip(kernels, exports):
-            try:
-                if isinstance(library, Exception):
-                    raise library
-                session.upload(str(library))
-                loaded.append((kernel, session.load_module(library.name)))
-            except Exception as error:  # noqa: BLE001 - a failed candidate is data
-                results.extend(Measurement.failed(kernel, s, error) for s in shapes)
+        with tempfile.TemporaryDirectory(prefix="tf-dietcode-rpc-") as scratch:
+            exports = measure.in_threads(lambda kernel: self.objects.library(workload, kernel, self.hw,
+                                                                             pathlib.Path(scratch)),
+                                         kernels, hardware.detect().cores)  # built here
+            for kernel, library in zip(kernels, exports):
+                try:
+                    if isinstance(library, Exception):
+                        raise library
+                    session.upload(str(library))
+                    loaded.append((kernel, session.load_module(library.name)))
+                except Exception as error:  # noqa: BLE001 - a failed candidate is data
+                    results.extend(Measurement.failed(kernel, s, error) for s in shapes)
         return results + measure.measure_modules(loaded, session.cpu(), workload, shapes, np.random.default_rng(seed),
                                                  self.repeats, self.min_repeat_ms, best)
