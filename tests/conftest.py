@@ -28,8 +28,9 @@ def _shared_tuning_database() -> pathlib.Path:
     """One tuning database per test run, in the environment so that pytest-xdist's workers and
     the pytest runs tests start (the Bazel-built library's op tests) share it; CI exports one
     for `make test` and `make sanitize` together. A workload measured once is then resumed
-    (search.search: no new measurements), not tuned again: a quick-tuned bundle costs each
-    process its compile only. Tests of the search itself keep their own databases."""
+    (search.search: no new measurements), not tuned again, and its bundle links the kernels
+    kept compiled beside the database (Database.kernel_objects). Tests of the search itself
+    keep their own databases."""
     if "TF_DIETCODE_TEST_TUNING_DATABASE" not in os.environ:
         folder = tempfile.mkdtemp(prefix="tf_dietcode-tests-")
         atexit.register(shutil.rmtree, folder, True)  # this process started first and ends last
@@ -144,7 +145,8 @@ def tuned_bundle(tmp_path_factory):
 
     Built once per tuning database, beside it, with the seed of the run that built it: the
     pytest-xdist workers, the Bazel-built library's op tests and CI's sanitizer run copy it
-    instead of compiling its kernels again (70 s a process on a 2-vCPU Xeon)."""
+    instead of building it again (70 s a process on a 2-vCPU Xeon when each compiled its
+    kernels; now each would link the kept ones and check the bundle)."""
     from tf_dietcode.tuning import search
     from tf_dietcode.tuning.tune import tune
     from tf_dietcode.tuning.workload import Workload
