@@ -16,9 +16,22 @@ count, as in the static build.
 
 The copies follow the remainder's last binding, so the count's variables are
 in scope; each copy defines variables of its own (fresh_vars).
+
+No general write-back stays behind where the copies cover every count the
+loop can have from 1 up and the tile the copies compute is the iteration's own
+(a count below 1 then writes nothing from a tile nothing else reads). Left in
+as the last `else`, never taken, it indexed the tile by its row loop, and as the
+tile is allocated before the branches, LLVM kept it in memory in every copy:
+stored after each copy's compute loop, loaded again by its write-back. NT
+`m6_n64_k64_t1_ki_b` (a 64-step K, so a tile's compute is short) ran 1.07-1.09x
+its static build's time at T = 62, 0.92-0.95x without it (the 2-vCPU Xeon, 2
+threads, interleaved). A remainder loop whose count LoopPartition simplified to
+an expression the scope bounds (`M - 6 * (M // 6)`, no `min`) gets its copies
+too, where its tile is its own.
 """
 
 import tvm
+import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
@@ -27,34 +40,55 @@ from tf_dietcode.tuning.guarded_loops import (always, fresh_vars, in_scope, rebu
 from tf_dietcode.tuning.micro_kernel import MAX_TILE_ROWS
 
 
-def row_count(write_back: tir_stmt.Stmt):
+def row_count(write_back: tir_stmt.Stmt, scope=None):
     """(C, the count) for a loop over `min(C, E)` rows with 2 <= C <= MAX_TILE_ROWS (a larger count
-    is not a register tile's write-back), else None."""
-    if not isinstance(write_back, tir_stmt.For) or not isinstance(write_back.extent, tirx.Min):
+    is not a register tile's write-back), or, given the `scope`, over E rows that it bounds by such
+    a C (the smallest); else None."""
+    if not isinstance(write_back, tir_stmt.For) or isinstance(write_back.extent, tirx.IntImm):
         return None
+    if not isinstance(write_back.extent, tirx.Min):
+        bound = next((rows for rows in range(2, MAX_TILE_ROWS + 1)
+                      if scope is not None and always(scope, write_back.extent <= rows)), None)
+        return None if bound is None else (bound, write_back.extent)
     constant = [term for term in (write_back.extent.a, write_back.extent.b) if isinstance(term, tirx.IntImm)]
     if len(constant) != 1 or not 2 <= int(constant[0]) <= MAX_TILE_ROWS:
         return None
     return int(constant[0]), write_back.extent
 
 
+def _writes_only_its_own(statements_: list[tir_stmt.Stmt], allocated: list[tirx.Buffer]) -> bool:
+    """Whether every store in the statements goes to a buffer allocated among them or in `allocated`."""
+    own = [*allocated]
+    stores = []
+    for statement in statements_:
+        tvm_ffi.structural_walk(statement, (tir_stmt.AllocBuffer, lambda node: own.append(node.buffer)))
+        tvm_ffi.structural_walk(statement, (tir_stmt.BufferStore, stores.append))
+    return all(any(store.buffer.same_as(buffer) for buffer in own) for store in stores)
+
+
 def _one_copy_per_count(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.For:
     """The loop, with what follows its body's last binding copied once per row count if its body ends
-    in a write-back of `min(C, E)` rows: counts 1 to C - 1 in a remainder (the count provably below
-    C), 1 to C in a loop that also runs whole tiles (a partial column task's rows); of those, only the
-    counts its scope allows, and that copy alone where the scope fixes the count (a small_reductions
-    copy, M constant)."""
+    in a write-back of `min(C, E)` rows (or of E rows, E bounded by C, where the tile is the loop's
+    own): counts 1 to C - 1 in a remainder (the count provably below C), 1 to C in a loop that also
+    runs whole tiles (a partial column task's rows); of those, only the counts its scope allows, and
+    that copy alone where the scope fixes the count (a small_reductions copy, M constant). The
+    general write-back stays as the last branch unless the tile is the loop's own (see above)."""
     body = statements(loop.body)
-    found = row_count(body[-1])
     bindings = [i for i, statement in enumerate(body) if isinstance(statement, tir_stmt.Bind)]
-    if found is None or not bindings:
+    if not bindings:
+        return loop
+    head, tail = body[:bindings[-1] + 1], body[bindings[-1] + 1:]
+    scope = in_scope((*enclosing, loop, *(head[i] for i in bindings)))
+    found = row_count(body[-1], scope)
+    if found is None:
         return loop
     rows, count = found
-    head, tail = body[:bindings[-1] + 1], body[bindings[-1] + 1:]
     write_back = tail[-1]
-    specialized = sequence(tail)
-    scope = in_scope((*enclosing, loop, *(head[i] for i in bindings)))
+    own_tile = _writes_only_its_own([*head, *tail[:-1]], [])
+    if not own_tile and not isinstance(count, tirx.Min):
+        return loop
     whole_tiles = not always(scope, count < rows)
+    specialized = None if own_tile else sequence(tail)
     for fixed in range(rows if whole_tiles else rows - 1, 0, -1):
         constant = tirx.const(fixed, count.ty.dtype)
         if always(scope, count != constant):
@@ -64,7 +98,7 @@ def _one_copy_per_count(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.For:
             specialized = copy
             break
         specialized = tir_stmt.IfThenElse(count == constant, copy, specialized)
-    return with_body(loop, sequence([*head, specialized]))
+    return with_body(loop, sequence([*head, *([] if specialized is None else [specialized])]))
 
 
 @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tf_dietcode.SpecializeRemainderRows")
