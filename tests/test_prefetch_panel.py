@@ -1,7 +1,8 @@
 """PrefetchNextPanel: dense kernels whose tasks are one packed panel each ask for the
-next task's panel from inside their compute (with a weight in the caches, only tasks of
-two whole row tiles or more), and compute what they computed without it; other kernels
-prefetch nothing."""
+next task's panel from inside their compute (from their first EVERY row tiles, at
+addresses in bounds with no clamp; with a weight in the caches, only tasks of two whole
+row tiles or more), and compute what they computed without it; other kernels prefetch
+nothing."""
 
 import dataclasses
 
@@ -13,7 +14,7 @@ from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
 from lowered_kernels import build_seen_after
-from tf_dietcode.tuning import hardware, measure, templates
+from tf_dietcode.tuning import hardware, measure, prefetch_panel, templates
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.templates import dense
 from tf_dietcode.tuning.workload import Workload
@@ -71,6 +72,35 @@ def _guarded_prefetches(body) -> list[tir_stmt.IfThenElse]:
                              else [branch.then_case]))]
 
 
+def _conjuncts(condition) -> list:
+    return [*_conjuncts(condition.a), *_conjuncts(condition.b)] if isinstance(condition, tirx.And) else [condition]
+
+
+def test_only_the_first_row_tiles_prefetch_and_every_address_is_in_bounds():
+    """The first EVERY row tiles of a task ask for the next panel's K rows and the later ones for
+    nothing, and every address lies in the weight, the last task's too (its own panel again),
+    with no clamp per step (prefetch_panel says what the clamps cost)."""
+    body = _lowered(FFN_IN, PREFETCHING)
+    calls, loops = _prefetches_and_loops(body)
+    guarded = _guarded_prefetches(body)
+    assert guarded and sum(len(_prefetches_and_loops(g.then_case)[0]) for g in guarded) == len(calls)
+    weight_floats = FFN_IN.n.hi * FFN_IN.k.hi
+    for branch in guarded:
+        row_tiles = [term for term in _conjuncts(branch.condition) if isinstance(term, tirx.LT)]
+        assert len(row_tiles) == 1 and int(row_tiles[0].b) == prefetch_panel.EVERY
+        row_tile = row_tiles[0].a.value if isinstance(row_tiles[0].a, tirx.Cast) else row_tiles[0].a
+        analyzer = sym.Analyzer()
+        for loop in loops:
+            extent = tirx.const(prefetch_panel.EVERY, "int64") if loop.loop_var.same_as(row_tile) else loop.extent
+            analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, extent))
+        for call in _prefetches_and_loops(branch.then_case)[0]:
+            index = call.args[1].args[0].indices[0]
+            assert analyzer.can_prove(index >= 0) and analyzer.can_prove(index < weight_floats), index
+            clamps = []
+            tvm_ffi.structural_walk(index, (tirx.Min, clamps.append))
+            assert len(clamps) <= 1, index  # the task's: a task's last step asks for a panel in bounds
+
+
 WARM = dataclasses.replace(FFN_IN, cold_weight=False)
 
 
@@ -83,9 +113,8 @@ def test_warm_kernels_prefetch_from_two_whole_row_tiles():
     tile = PREFETCHING.tile_m
     # each guard asks whether M fills two row tiles
     for branch in guarded:
-        condition = branch.condition
-        assert isinstance(condition, tirx.GE) and isinstance(condition.a, tirx.Var) and condition.a.name == "M"
-        assert int(condition.b) == dense.WARM_PREFETCH_MIN_ROW_TILES * tile
+        assert any(isinstance(term, tirx.GE) and isinstance(term.a, tirx.Var) and term.a.name == "M"
+                   and int(term.b) == dense.WARM_PREFETCH_MIN_ROW_TILES * tile for term in _conjuncts(branch.condition))
     for m, prefetches in ((tile + tile // 2, False), (2 * tile, True), (97, True)):  # one whole tile and a part: none
         calls, _ = _prefetches_and_loops(_lowered(WARM, PREFETCHING, WARM.dims_at((m,))))
         assert bool(calls) == prefetches, m
