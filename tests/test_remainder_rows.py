@@ -38,6 +38,15 @@ def test_the_dense_remainder_is_copied_once_per_row_count():
     for rows in range(1, kernel.tile_m):
         assert any(isinstance(e, tirx.IntImm) and int(e) == rows for e in extents), rows
     assert not any(isinstance(e, tirx.Min) for e in extents)
+    # each copy of c rows computes those rows alone (LLVM kept the FMAs of rows no write-back reads)
+    for branch in nodes(main.body, tir_stmt.IfThenElse):
+        if not isinstance(branch.condition, tirx.EQ) or not isinstance(branch.condition.a, tirx.Min):
+            continue
+        rows = int(branch.condition.b)
+        firsts = [store.indices[0].base if isinstance(store.indices[0], tirx.Ramp) else store.indices[0]
+                  for store in nodes(branch.then_case, tir_stmt.BufferStore) if store.buffer.name.startswith("acc")]
+        constant = [int(first) for first in firsts if isinstance(first, tirx.IntImm)]
+        assert constant and max(constant) < rows * kernel.tile_n, (rows, sorted(set(constant)))
     # every loop variable is defined once (the copies' renamed): LLVM's code generation requires it
     loop_vars = [loop.loop_var for loop in nodes(main.body, tir_stmt.For)]
     assert not any(a.same_as(b) for i, a in enumerate(loop_vars) for b in loop_vars[i + 1:])
