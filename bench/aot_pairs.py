@@ -13,14 +13,17 @@ tell apart. Writes aot_pairs.csv (median, lowest and highest ratio per cell) and
 aot_pairs.png; prints each workload's worst median.
 """
 
-import argparse
 import pathlib
 
 import matplotlib.pyplot as plt
 import numpy as np
+import tvm
 
 from bench import cli, report
 from bench.threads import use_tvm_threads
+from bench.tuned_kernels import CASES
+from tf_dietcode.tuning import hardware, measure
+from tf_dietcode.tuning.micro_kernel import space
 
 RUNS, QUICK_RUNS = 5, 3
 REPEATS = 9  # per run: measure_modules' median of interleaved repeats
@@ -28,10 +31,6 @@ REPEATS = 9  # per run: measure_modules' median of interleaved repeats
 
 def paired_ratios(workload, kernel, shape: tuple[int, ...], symbolic, hw, runs: int) -> list[float]:
     """Symbolic over static seconds of one micro-kernel at one shape, once per run."""
-    import tvm
-
-    from tf_dietcode.tuning import measure
-
     static = measure.compile_kernel(workload, kernel, hw, workload.dims_at(shape)).mod
     ratios = []
     for run in range(runs):
@@ -66,13 +65,8 @@ def main(argv=None):
     parser = cli.parser(__doc__, "bench/results", f"{QUICK_RUNS} runs per cell instead of {RUNS}")
     parser.add_argument("--tuned-kernels", type=pathlib.Path, default=pathlib.Path("bench/results"),
                         help="bench.tuned_kernels' --out, on this machine")
-    args: argparse.Namespace = parser.parse_args(argv)
-    use_tvm_threads()
-    from tf_dietcode.tuning import hardware, measure
-    from tf_dietcode.tuning.micro_kernel import space
-
-    from bench.tuned_kernels import CASES
-
+    args = parser.parse_args(argv)
+    use_tvm_threads()  # before TVM's pool starts, at the first parallel kernel
     source = args.tuned_kernels / "tuned_kernels.csv"
     if not source.exists():
         raise SystemExit(f"no {source}: run `python -m bench.tuned_kernels --out {args.tuned_kernels}` first")

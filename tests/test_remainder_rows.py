@@ -16,16 +16,21 @@ NT = Workload("batch_matmul", (1, 40), (1, 40), 64, b=3, ties=("m", "n"))
 NN = Workload("batch_matmul", (1, 40), 64, (1, 40), b=3, transpose_b=False, ties=("m", "k"))
 
 
-def _row_count_branches(body, rows: int) -> list[int]:
-    """The fixed counts of the branches `min(rows, E) == count`, sorted."""
-    counts = []
+def _row_count_copies(body, rows: int) -> list[tuple[int, tir_stmt.Stmt]]:
+    """(count, its copy) of each branch `min(rows, E) == count`."""
+    copies = []
     for branch in nodes(body, tir_stmt.IfThenElse):
         condition = branch.condition
         if (isinstance(condition, tirx.EQ) and isinstance(condition.a, tirx.Min)
                 and isinstance(condition.b, tirx.IntImm)
                 and rows in [int(t) for t in (condition.a.a, condition.a.b) if isinstance(t, tirx.IntImm)]):
-            counts.append(int(condition.b))
-    return sorted(counts)
+            copies.append((int(condition.b), branch.then_case))
+    return copies
+
+
+def _row_count_branches(body, rows: int) -> list[int]:
+    """The fixed counts of the branches `min(rows, E) == count`, sorted."""
+    return sorted(count for count, _ in _row_count_copies(body, rows))
 
 
 def test_the_dense_remainder_is_copied_once_per_row_count():
@@ -39,12 +44,9 @@ def test_the_dense_remainder_is_copied_once_per_row_count():
         assert any(isinstance(e, tirx.IntImm) and int(e) == rows for e in extents), rows
     assert not any(isinstance(e, tirx.Min) for e in extents)
     # each copy of c rows computes those rows alone (LLVM kept the FMAs of rows no write-back reads)
-    for branch in nodes(main.body, tir_stmt.IfThenElse):
-        if not isinstance(branch.condition, tirx.EQ) or not isinstance(branch.condition.a, tirx.Min):
-            continue
-        rows = int(branch.condition.b)
+    for rows, copy in _row_count_copies(main.body, kernel.tile_m):
         firsts = [store.indices[0].base if isinstance(store.indices[0], tirx.Ramp) else store.indices[0]
-                  for store in nodes(branch.then_case, tir_stmt.BufferStore) if store.buffer.name.startswith("acc")]
+                  for store in nodes(copy, tir_stmt.BufferStore) if store.buffer.name.startswith("acc")]
         constant = [int(first) for first in firsts if isinstance(first, tirx.IntImm)]
         assert constant and max(constant) < rows * kernel.tile_n, (rows, sorted(set(constant)))
     # every loop variable is defined once (the copies' renamed): LLVM's code generation requires it

@@ -56,10 +56,9 @@ def row_count(write_back: tir_stmt.Stmt, scope=None):
     return int(constant[0]), write_back.extent
 
 
-def _writes_only_its_own(statements_: list[tir_stmt.Stmt], allocated: list[tirx.Buffer]) -> bool:
-    """Whether every store in the statements goes to a buffer allocated among them or in `allocated`."""
-    own = [*allocated]
-    stores = []
+def _writes_only_its_own(statements_: list[tir_stmt.Stmt]) -> bool:
+    """Whether every store in the statements goes to a buffer allocated among them."""
+    own, stores = [], []
     for statement in statements_:
         tvm_ffi.structural_walk(statement, (tir_stmt.AllocBuffer, lambda node: own.append(node.buffer)))
         tvm_ffi.structural_walk(statement, (tir_stmt.BufferStore, stores.append))
@@ -119,18 +118,18 @@ def _one_copy_per_count(loop: tir_stmt.For, enclosing: tuple) -> tir_stmt.For:
         return loop
     rows, count = found
     write_back = tail[-1]
-    own_tile = _writes_only_its_own([*head, *tail[:-1]], [])
+    own_tile = _writes_only_its_own([*head, *tail[:-1]])
     if not own_tile and not isinstance(count, tirx.Min):
         return loop
     whole_tiles = not always(scope, count < rows)
-    tile_rows = _tile_rows(write_back)
+    tile_rows = _tile_rows(write_back) if own_tile else None  # rows past a copy's count are dropped from own tiles only
     specialized = None if own_tile else sequence(tail)
     for fixed in range(rows if whole_tiles else rows - 1, 0, -1):
         constant = tirx.const(fixed, count.ty.dtype)
         if always(scope, count != constant):
             continue
-        compute = _without_rows_from(tail[:-1], tile_rows, fixed) if own_tile else tail[:-1]
-        copy = fresh_vars(sequence([*compute, with_body(write_back, write_back.body, extent=constant)]))
+        copy = fresh_vars(sequence([*_without_rows_from(tail[:-1], tile_rows, fixed),
+                                    with_body(write_back, write_back.body, extent=constant)]))
         if always(scope, count == constant):
             specialized = copy
             break
