@@ -31,7 +31,8 @@ METHOD = """\
 - TF with oneDNN off (`TF_ENABLE_ONEDNN_OPTS=0`, read at start-up) runs in a child process, so its
   ratio to TF crosses processes and carries this VM's run-to-run drift.
 - Tuned kernels (`tuned_kernels`, `tuning_cost`) are timed by TVM's time_evaluator (21 interleaved
-  rounds of at least 30 ms, median), TF in-graph as above in the same process. DietCode tunes each workload
+  rounds of at least 30 ms, median), TF in-graph as above in the same process, the FMA loop once in each
+  round (`tuned_kernels.csv`'s `fraction_of_fma_loop_in_rounds`: speed over the loop's, paired by round). DietCode tunes each workload
   once for T in [1, 128]; the largest-shape (Nimble-like) baseline tunes T=128 only and uses its
   best kernel everywhere; MetaSchedule (Ansor-like) tunes each shape on its own.
 - BERT-base end to end: one signature call per inference from Python (as a server would), peers
