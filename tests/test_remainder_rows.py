@@ -4,6 +4,7 @@ constant number of rows, with no write-back of a variable count left behind, and
 so built compute the product at every remainder."""
 
 import pytest
+import tvm
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
@@ -109,3 +110,19 @@ def test_static_builds_are_left_alone():
     kernel = MicroKernel(6, 16, 32, 1, False, packed=True, task_m=0)
     _, main = build_seen_after("tf_dietcode.SpecializeRemainderRows", DENSE, kernel, DENSE.dims_at((37,)))
     assert not _row_count_branches(main.body, kernel.tile_m)
+
+
+def test_a_copy_reads_its_rows_unclamped_and_the_remainder_runs_as_an_if():
+    """In the copy of c rows, rows first + i (i < c) lie below M, so the clamp min(first + i, M - 1)
+    that kept the fetch inside x goes; and the remainder loop, which runs at most once
+    (`(M % 6 + 5) // 6` times), is an `if`."""
+    kernel = MicroKernel(6, 16, 128, 1, False, whole_batch=True)
+    executable, main = build_seen_after("tf_dietcode.SpecializeRemainderRows", NN, kernel)
+    copies = _row_count_copies(main.body, kernel.tile_m)
+    assert sorted({count for count, _ in copies}) == [1, 2, 3, 4, 5]
+    for count, copy in copies:
+        x_indices = [load.indices[0] for load in nodes(copy, tvm.ir.TensorLoad) if load.source.name == "x"]
+        assert x_indices and not any(nodes(index, tirx.Min) for index in x_indices), count
+    extents = [loop.extent for loop in nodes(main.body, tir_stmt.For)]
+    assert not any(isinstance(extent, tirx.FloorDiv) and nodes(extent, tirx.FloorMod) for extent in extents), extents
+    assert_computes_the_product(executable, NN, kernel, range(1, 41))
