@@ -56,9 +56,7 @@ def plot(rows: list[dict], path: pathlib.Path, title: str) -> None:
     axis.set_xlabel("T")
     axis.set_ylabel("symbolic / static (median of runs)")
     axis.legend(fontsize=7)
-    figure.suptitle(title)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    report.save(figure, path, title)
 
 
 def main(argv=None):

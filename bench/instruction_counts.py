@@ -105,6 +105,8 @@ def plot(rows: list[dict], path: pathlib.Path, title: str) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from bench import report
+
     figure, axis = plt.subplots(figsize=(8, 4.5), layout="constrained")
     labels = [f"T={row['T']}\n{row['build']}" for row in rows]
     positions = np.arange(len(rows))
@@ -115,9 +117,7 @@ def plot(rows: list[dict], path: pathlib.Path, title: str) -> None:
     axis.set_xticks(positions, labels, fontsize=7)
     axis.set_ylabel("instructions per call")
     axis.legend(fontsize=8)
-    figure.suptitle(title)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    report.save(figure, path, title)
 
 
 def main(argv=None):

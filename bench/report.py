@@ -76,7 +76,13 @@ def plot_by_t(rows, path: pathlib.Path, title: str, baseline: str = "TF",
     for index in range(len(workloads), grid_rows * columns):
         for axis in panels(index):
             axis.remove()
-    figure.suptitle(title)
+    save(figure, path, title)
+
+
+def save(figure, path: pathlib.Path, title: str | None = None) -> None:
+    """Every benchmark's PNG: titled, 110 dpi, the figure closed (a long run draws many)."""
+    if title is not None:
+        figure.suptitle(title)
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
@@ -91,8 +97,7 @@ def tuning_seconds_bars(seconds: dict[str, float], path: pathlib.Path, title: st
     axis.tick_params(axis="x", labelsize=7)
     axis.set_title(title, fontsize=9)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save(figure, path)
 
 
 def _duration(seconds: float) -> str:
