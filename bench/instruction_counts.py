@@ -102,10 +102,10 @@ def call(library: str, workload_key: str, kernel_name: str, t: int) -> None:
 
 
 def plot(rows: list[dict], path: pathlib.Path, title: str) -> None:
+    from bench import report  # first: it sets matplotlib's headless backend
+
     import matplotlib.pyplot as plt
     import numpy as np
-
-    from bench import report
 
     figure, axis = plt.subplots(figsize=(8, 4.5), layout="constrained")
     labels = [f"T={row['T']}\n{row['build']}" for row in rows]

@@ -111,8 +111,9 @@ def _without_clamps(copy: tir_stmt.Stmt, scope, count, fixed: int) -> tir_stmt.S
     their strides: NN `m6_n16_k128_t1_ki_b` at T = 17 set up its 5-row tile in 50 instructions, 72
     before (callgrind's counts per call; 8.4 thousand fewer of 1.11 million per call, session 73).
     """
-    bound = count.b if isinstance(count, tirx.Min) and isinstance(count.a, tirx.IntImm) else \
-        count.a if isinstance(count, tirx.Min) else count
+    bound = count  # E: the count, or its term that is not row_count's constant C
+    if isinstance(count, tirx.Min):
+        bound = count.b if isinstance(count.a, tirx.IntImm) else count.a
     slack = bound - tirx.const(fixed, bound.ty.dtype)
 
     def settled(node):
