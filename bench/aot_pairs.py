@@ -6,7 +6,8 @@ Reads tuned_kernels.csv in --tuned-kernels (bench.tuned_kernels: the micro-kerne
 at each T) and, for each (workload, T), compiles that micro-kernel with symbolic
 dims and for the static shape, and times the pair RUNS times (QUICK_RUNS with
 --quick) as the tuner times candidates (measure.measure_modules: interleaved
-repeats), each run on fresh operands. The reading per cell is the median ratio.
+repeats), each run on fresh operands, which both builds share (their ratio is the code's, not
+where each build's arrays lie). The reading per cell is the median ratio.
 Why: one pass of bench.tuned_kernels' 21 rounds moved a cell by 3-5% between runs
 of the same kernels on a 2-vCPU Xeon VM, about what issue 3's 5% AOT bar asks to
 tell apart. Writes aot_pairs.csv (median, lowest and highest ratio per cell) and

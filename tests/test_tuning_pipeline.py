@@ -501,6 +501,32 @@ def test_repeats_are_interleaved_across_kernels_and_shapes():
     assert steps == [0, 1, 0, 1] + [0, 1, 1, 0] + [1, 0, 0, 1] + [0, 1, 0] + [0, 0, 1] + [0, 1, 0]
 
 
+def test_builds_of_one_kernel_run_on_the_same_tensors_and_other_kernels_on_their_own():
+    """A kernel's symbolic and static builds (bench.aot_pairs) are timed on one set of tensors at a
+    shape, so where each build's arrays lie cannot tilt their ratio; another kernel gets its own."""
+
+    class ArgumentsModule(ProbedModule):
+        """Keeps, per timer (one per shape), the identities of every argument its calls passed."""
+
+        def __init__(self):
+            super().__init__(0.001)
+            self.seen = []
+
+        def time_evaluator(self, *args, **kwargs):
+            timer, ids = super().time_evaluator(*args, **kwargs), set()
+            self.seen.append(ids)
+            return lambda *arguments: ids.update(map(id, arguments)) or timer(*arguments)
+
+    kernel, other = MicroKernel(2, 8, 32, 1, True), MicroKernel(4, 8, 32, 1, False)
+    symbolic, static, theirs = ArgumentsModule(), ArgumentsModule(), ArgumentsModule()
+    measure.measure_modules([(kernel, symbolic), (kernel, static), (other, theirs)], tvm.cpu(), WORKLOAD,
+                            [(3,), (8,)], np.random.default_rng(0))
+    for shape in range(2):
+        assert len(symbolic.seen[shape]) == 3 and symbolic.seen[shape] == static.seen[shape]  # x, weight, out
+        assert not symbolic.seen[shape] & theirs.seen[shape]
+    assert not symbolic.seen[0] & symbolic.seen[1]  # a new shape, new tensors
+
+
 def test_work_in_threads_returns_each_result_or_error_in_order():
     def reciprocal(x):
         return 1 / x

@@ -201,16 +201,24 @@ def measure_modules(modules: list[tuple[MicroKernel, object]], device, workload:
     full: the search only needs to know it is slower, and on BERT-base's quick tuning the
     full timings of such kernels were about a third of all measuring time (cold dense
     layers at M = 2048 run 0.1-1 s).
+
+    Builds of one micro-kernel (bench.aot_pairs' symbolic and static) share their argument
+    tensors at a shape, so their ratio is the code's alone: four loaded copies of one static
+    NN library at T = 1 (a 1.3 us kernel), each on tensors of its own, read 1.06-1.08x the
+    time of the first listed, and 1.000-1.002x on shared tensors (2-vCPU Xeon, session 84).
     """
     template = templates.for_workload(workload)
     records: dict[tuple[int, tuple[int, ...]], Measurement] = {}
     timed: list[tuple[int, tuple[int, ...], Callable[[], float], int]] = []  # index, shape, run, runs
     for shape in map(tuple, shapes):
         operands = template.random_operands(workload, workload.dims_at(shape), rng)
+        arguments_of: dict[str, list] = {}  # one kernel's builds run on the same tensors (docstring)
         for index, (kernel, module) in enumerate(modules):
             on_step(index)
             try:
-                arguments = template.kernel_arguments(operands, workload, kernel, device)
+                if kernel.name not in arguments_of:
+                    arguments_of[kernel.name] = template.kernel_arguments(operands, workload, kernel, device)
+                arguments = arguments_of[kernel.name]
                 started = time.perf_counter()
                 module["main"](*arguments)
                 warm_up_seconds = time.perf_counter() - started
