@@ -14,12 +14,21 @@ import pathlib
 import shlex
 import subprocess
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = pathlib.Path(__file__).resolve().parent
 OP_LIBRARY = "tf_dietcode.libtf_dietcode_ops"
 BUILD_INFO = "build_info.json"
+
+
+# Installed package -> source folder: graph_rewrite/ and tuning/ install under tf_dietcode.
+PACKAGE_DIR = {"tf_dietcode": "tf_dietcode", "tf_dietcode.graph_rewrite": "graph_rewrite", "tf_dietcode.tuning": "tuning"}
+
+
+def _packages(name: str, folder: str) -> list[str]:
+    """The package and every subpackage under its folder, so a new subpackage needs no edit here."""
+    return [name, *(f"{name}.{sub}" for sub in find_packages(str(ROOT / folder)))]
 
 
 def _cpu_features_module():
@@ -104,13 +113,8 @@ setup(
     version="0.1.0",
     description="Dynamic-shape Transformer inference in TensorFlow with DietCode-tuned kernels",
     python_requires=">=3.11",
-    packages=["tf_dietcode", "tf_dietcode.graph_rewrite", "tf_dietcode.tuning", "tf_dietcode.tuning.templates",
-              "tf_dietcode.tuning.cuda"],
-    package_dir={
-        "tf_dietcode": "tf_dietcode",
-        "tf_dietcode.graph_rewrite": "graph_rewrite",
-        "tf_dietcode.tuning": "tuning",
-    },
+    packages=[package for name, folder in PACKAGE_DIR.items() for package in _packages(name, folder)],
+    package_dir=PACKAGE_DIR,
     ext_modules=[Extension(OP_LIBRARY, sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "ops").glob("*.cc")))],
     cmdclass={"build_ext": BuildOpLibrary},
     entry_points={"console_scripts": ["tf-dietcode=tf_dietcode.cli:main"]},
