@@ -502,7 +502,7 @@ def test_repeats_are_interleaved_across_kernels_and_shapes():
 
 
 def test_builds_of_one_kernel_run_on_the_same_tensors_and_other_kernels_on_their_own():
-    """A kernel's symbolic and static builds (bench.aot_pairs) are timed on one set of tensors at a
+    """A kernel's symbolic and static builds (bench.studies.aot_pairs) are timed on one set of tensors at a
     shape, so where each build's arrays lie cannot tilt their ratio; another kernel gets its own."""
 
     class ArgumentsModule(ProbedModule):

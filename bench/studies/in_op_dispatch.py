@@ -1,7 +1,7 @@
 """The fused ops running a bundle's tuned kernels, against the same kernels
 called directly: the cost of going through TF, dispatch included.
 
-    python -m bench.in_op_dispatch [--bundle bench/results/bundle] [--threads 2] [--quick]
+    python -m bench.studies.in_op_dispatch [--bundle bench/results/bundle] [--threads 2] [--quick]
 
 Uses the bundle `python -m bench.tuned_kernels` writes (its workloads in the
 cases of bench.tuned_kernels.CASES it holds). At each T, times the op in-graph

@@ -1,6 +1,6 @@
 """Concurrent callers of the tuned ops: do they share the cores or fight over them?
 
-    python -m bench.concurrency [--bundle bench/results/bundle]
+    python -m bench.studies.concurrency [--bundle bench/results/bundle]
 
 Tuned kernels run their parallel loops on TF's intra-op pool, so concurrent
 ops queue on the same threads instead of each starting its own. This runs 1,

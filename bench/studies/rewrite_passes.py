@@ -1,7 +1,7 @@
 """One optimize() pass on BERT-base, the model with it against the model without, paired by round
 with an A/A control.
 
-    python -m bench.rewrite_passes PASS [--quick] [--without DIR --with DIR] [--out bench/results/PASS]
+    python -m bench.studies.rewrite_passes PASS [--quick] [--without DIR --with DIR] [--out bench/results/PASS]
 
 PASS is an optimize() switch: horizontal_fusion (Q/K/V as one GEMM, on by
 default) or layer_norm_fusion (each layer norm as one DietcodeLayerNorm, on by
