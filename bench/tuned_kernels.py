@@ -35,9 +35,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tvm  # noqa: E402
 
-from bench import cli, in_graph_timing, peak, report, workloads  # noqa: E402
+from bench import baselines, cli, in_graph_timing, peak, report, workloads  # noqa: E402
 from bench.threads import use_threads, use_tvm_threads  # noqa: E402
-from tf_dietcode.tuning import baselines, bundle, hardware, measure, search, templates  # noqa: E402
+from tf_dietcode.tuning import bundle, hardware, measure, search, templates  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 from tf_dietcode.tuning.dispatch import build_dispatch  # noqa: E402
 from tf_dietcode.tuning.runner import LocalRunner  # noqa: E402

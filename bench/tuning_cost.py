@@ -22,10 +22,10 @@ import tempfile
 
 import numpy as np
 
-from bench import cli, report
+from bench import baselines, cli, report
 from bench.threads import use_tvm_threads
 from bench.tuned_kernels import CASES, tvm_seconds
-from tf_dietcode.tuning import baselines, hardware, templates
+from tf_dietcode.tuning import hardware, templates
 
 SAMPLED_T = (5, 24, 43, 62, 81, 100, 119, 128)
 QUICK_SAMPLED_T = (62,)
