@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
-from bench import cli, encoder, onednn_off, onnx_peer, report  # noqa: E402
+from bench import cli, encoder, onednn_off, onnx_peer, report, timing  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 
@@ -82,8 +82,8 @@ def onednn_off_worker(saved_model: pathlib.Path, cells: list[tuple[int, int]], q
     timings = []
     for batch, t in cells:
         ids = tf.constant(token_ids(batch, t))
-        seconds = encoder.median_seconds({"off": lambda: signature(input_ids=ids)},
-                                         budget_seconds=seconds_per_cell(quick) / 4)
+        seconds = timing.interleaved_medians({"off": lambda: signature(input_ids=ids)},
+                                             budget_seconds=seconds_per_cell(quick) / 4)
         timings.append(seconds["off"])
     onednn_off.result_path(out).write_text(json.dumps(timings))
 
@@ -134,8 +134,9 @@ def main(argv=None):
     print(f"\n{'batch':>5s} {'T':>4s} " + " ".join(f"{p:>12s}" for p in [*peers, "onednn_off"]) + "  (ms)")
     for batch, t in cells:
         ids = token_ids(batch, t)
-        seconds = encoder.median_seconds({p: (lambda call=call: call(ids)) for p, call in peers.items()},
-                                         budget_seconds=seconds_per_cell(args.quick), check=agree_with_tensorflow)
+        seconds = timing.interleaved_medians({p: (lambda call=call: call(ids)) for p, call in peers.items()},
+                                             budget_seconds=seconds_per_cell(args.quick),
+                                             check=agree_with_tensorflow)
         seconds["tensorflow_onednn_off"] = off[(batch, t)]
         rows += [{"workload": f"{MODEL.name}_batch{batch}", "T": t, "peer": peer, "ms": value * 1e3,
                   "speedup_vs_tensorflow": seconds["tensorflow"] / value} for peer, value in seconds.items()]

@@ -1,4 +1,5 @@
-"""DietCode on CUDA: build the measurement set here, measure it on a GPU, report here.
+"""DietCode on CUDA against cuBLAS: drives the CUDA tuning flow (tuning/cuda/flow.py) on this
+benchmark's workloads and reports each GPU run (CSV and plots under docs/results/).
 
     python -m bench.cuda_tuning build DIR      # every micro-kernel of the GPU space, symbolic,
                                                # plus static builds of a sample, into fatbins
@@ -14,12 +15,10 @@
     python -m bench.cuda_tuning build DIR --finalists-of OUT   # the search's finalists, at every T
     python -m bench.cuda_tuning bundle OUT BUNDLE --finalists-run OUT3   # trees refit to that run
 
-The GPU is lent to few sessions and has no TVM, so the search cannot measure
-candidates there as it goes. Instead every kernel of the (finite) space is
-measured once at the benchmark's sequence lengths; the report then replays the
-joint search against those measurements (a candidate's "measurement" is the
-recorded one), so the search's pick can be compared with the best kernel of
-the space and with cuBLAS, all from one GPU run.
+The GPU has no TVM, so every kernel of the (finite) space is measured there once at
+the benchmark's sequence lengths and the search is replayed over that record
+(flow.replay); the report compares the search's pick with the best kernel of the
+space and with cuBLAS, all from one GPU run.
 """
 
 import argparse
@@ -27,23 +26,19 @@ import csv
 import gzip
 import json
 import pathlib
-import random
 import shutil
 import statistics
 
 from bench import report
-from tf_dietcode.tuning import cost_model, dispatch, search
-from tf_dietcode.tuning.cuda import build, limits, space
-from tf_dietcode.tuning.cuda.recorded import TOLERANCE, RecordedRunner, shape_of
-from tf_dietcode.tuning.cuda.target import GpuTarget
+from tf_dietcode.tuning import dispatch, search
+from tf_dietcode.tuning.cuda import flow, space
+from tf_dietcode.tuning.cuda.recorded import TOLERANCE, shape_of
 from tf_dietcode.tuning.workload import Workload
 
 RESULTS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
 
 SEQUENCE_LENGTHS = (1, 5, 17, 24, 43, 62, 81, 100, 119, 128)
 EVERY_T = range(1, 130)  # a bundle is checked and timed at every T of its range, and one past it
-FINALISTS = 4  # kernels per sample T that go on to be measured at every T
-STATIC_SAMPLE = 8  # kernels per workload also built for each static shape (symbolic vs static)
 WORKLOADS = {
     "dense_b16_[16T,768]x[2304,768]^T": (Workload("dense", (16, 2048), 2304, 768, bias=True), lambda t: {"m": 16 * t}),
     "dense_b1_[T,768]x[2304,768]^T": (Workload("dense", (1, 128), 2304, 768, bias=True), lambda t: {"m": t}),
@@ -54,44 +49,17 @@ WORKLOADS = {
 }
 
 
+PLAN = flow.Plan(WORKLOADS, SEQUENCE_LENGTHS, EVERY_T)
 LABELS = {workload.describe(): label for label, (workload, _) in WORKLOADS.items()}  # a run's names -> ours
 
 
-def shapes(workload: Workload, sizes, lengths=SEQUENCE_LENGTHS) -> list[dict]:
-    """The dims at each sequence length, labelled with it."""
-    return [{"t": t, **{d: getattr(workload, d).lo for d in "bmnk"}, **sizes(t)} for t in lengths]
-
-
-def build_set(directory: pathlib.Path, seed: int = 0, chosen_from: pathlib.Path | None = None,
-              whole_space: bool = True, finalists_of: pathlib.Path | None = None) -> dict:
-    """Every kernel of each workload's space, symbolic, with static builds at every T of
-    STATIC_SAMPLE random kernels plus, with `chosen_from` (an earlier report's CSV), the
-    kernels its dispatch chose (the ones whose symbolic cost matters). whole_space=False:
-    only those chosen kernels, symbolic and static (a set to time interleaved in rounds).
-    `finalists_of` (a GPU run of the whole space): the replayed search's finalists,
-    symbolic, to be measured at every T of the range."""
-    gpu = limits.common(build.ARCHS)
+def chosen_kernels(report_csv: pathlib.Path) -> dict[str, set[space.GpuKernel]]:
+    """The kernels an earlier report's dispatch chose, by workload label."""
     chosen = {}
-    if chosen_from is not None:
-        for row in report.read(chosen_from):
-            if row["peer"] == "tf_dietcode":
-                chosen.setdefault(row["workload"], set()).add(space.GpuKernel.from_name(row["kernel"]))
-    results = replay(finalists_of, search.SearchOptions.trials, seed)[2] if finalists_of is not None else {}
-    entries, shape_lists = [], {}
-    for label, (workload, sizes) in WORKLOADS.items():
-        kernels = space.space(gpu, workload)
-        at = shapes(workload, sizes)
-        statics = chosen.get(label, set())
-        if finalists_of is not None:
-            kernels, statics, at = finalists(results[label]), set(), shapes(workload, sizes, EVERY_T[:-1])
-        elif whole_space:
-            statics |= set(random.Random(seed).sample(kernels, STATIC_SAMPLE))
-        else:
-            kernels = sorted(statics)
-        entries.append((workload, [(k, None) for k in kernels] +
-                        [(k, {d: s[d] for d in "bmnk"}) for k in sorted(statics) for s in at]))
-        shape_lists[workload.key()] = at
-    return build.build(entries, shape_lists, directory, archs=("sm_90",), ptx=False)
+    for row in report.read(report_csv):
+        if row["peer"] == "tf_dietcode":
+            chosen.setdefault(row["workload"], set()).add(space.GpuKernel.from_name(row["kernel"]))
+    return chosen
 
 
 def _medians(run: pathlib.Path) -> dict[tuple[str, str, bool, int], float]:
@@ -151,47 +119,6 @@ def _keep_record(run: pathlib.Path, name: str) -> None:
         shutil.copyfileobj(raw, packed)
 
 
-def replay(run: pathlib.Path, trials: int, seed: int, stages: tuple[int, ...] = space.STAGES
-           ) -> tuple[GpuTarget, RecordedRunner, dict]:
-    """The joint search of each workload (`trials` kernels of its space, the kernels of these
-    pipeline depths) replayed over a GPU run's record at the run's T: (the GPU, the record,
-    {label: its SearchResult})."""
-    device = json.loads((run / "device.json").read_text())
-    target = GpuTarget(limits.ARCHS[f"sm_{device['capability'].replace('.', '')}"], device["sms"], stages)
-    runner = RecordedRunner.load([w for w, _ in WORKLOADS.values()], run / "measurements.csv")
-    results = {}
-    for label, (workload, sizes) in WORKLOADS.items():
-        sample = [shape_of(workload, dims) for dims in shapes(workload, sizes)]
-        results[label] = search.search(workload, target, runner, search.SearchOptions(trials=trials, seed=seed),
-                                       shapes=sample, progress=False)
-    return target, runner, results
-
-
-def finalists(result: search.SearchResult) -> list[space.GpuKernel]:
-    """The FINALISTS fastest kernels the search measured at each of its sample shapes."""
-    picked = set()
-    for shape in result.sample_shapes:
-        timed = sorted((m.seconds, m.kernel) for m in result.measurements if m.shape == shape and m.seconds)
-        picked |= {kernel for _, kernel in timed[:FINALISTS]}
-    return sorted(picked)
-
-
-def every_t_dispatches(first_run: pathlib.Path, finalists_run: pathlib.Path, trials: int, seed: int,
-                       stages: tuple[int, ...] = space.STAGES) -> list:
-    """Per workload, a tree fit to the finalists' record at every T of the range (the
-    search's picks over the kernels of these pipeline depths, measured at every shape,
-    not only its samples)."""
-    target, _, results = replay(first_run, trials, seed, stages)
-    runner = RecordedRunner.load([w for w, _ in WORKLOADS.values()], finalists_run / "measurements.csv")
-    chosen = []
-    for label, (workload, sizes) in WORKLOADS.items():
-        every = [shape_of(workload, dims) for dims in shapes(workload, sizes, EVERY_T[:-1])]
-        measured = runner.run(workload, finalists(results[label]), every)
-        model = cost_model.CostModel(workload, target, seed).fit(measured)
-        chosen.append(dispatch.build_dispatch(search.SearchResult(workload, every, measured, model)))
-    return chosen
-
-
 def report_run(run: pathlib.Path, name: str, trials: int, seed: int,
                stages: tuple[int, ...] = space.STAGES) -> list[dict]:
     """Replays the joint search (`trials` kernels measured of each space, its kernels of
@@ -202,11 +129,11 @@ def report_run(run: pathlib.Path, name: str, trials: int, seed: int,
     second, where the run has one, shows the drift); writes docs/results/<name>.{csv,png},
     <name>_static.csv and the run's raw record."""
     device = json.loads((run / "device.json").read_text())
-    target, runner, results = replay(run, trials, seed, stages)
+    target, runner, results = flow.replay(PLAN, run, trials, seed, stages)
     cublas, static = _cublas_and_static(run)
     rows = []
     for label, (workload, sizes) in WORKLOADS.items():
-        at = shapes(workload, sizes)
+        at = flow.shapes(workload, sizes, SEQUENCE_LENGTHS)
         sample = [shape_of(workload, dims) for dims in at]
         chosen = dispatch.build_dispatch(results[label])
         table = runner.records[workload.key()]
@@ -273,20 +200,6 @@ def report_aot(run: pathlib.Path, chosen_from: pathlib.Path, name: str) -> list[
             print(f"  {label} {where}: symbolic / static median {statistics.median(ratios):.3f}, "
                   f"max {max(ratios):.3f}, {sum(r > 1.05 for r in ratios)} of {len(ratios)} over 1.05")
     return rows
-
-
-def write_bundle(run: pathlib.Path, directory: pathlib.Path, trials: int, seed: int,
-                 finalists_run: pathlib.Path | None = None, stages: tuple[int, ...] = space.STAGES) -> dict:
-    """A CUDA bundle of the replayed trees (over the kernels of these pipeline depths) and
-    their kernels (with `finalists_run`: of the trees fit at every T, every_t_dispatches),
-    listing every T of 1..129 (129: past every range, so cuBLAS alone) for
-    bench/cuda_kernels.py to check and time."""
-    if finalists_run is None:
-        chosen = [dispatch.build_dispatch(result) for result in replay(run, trials, seed, stages)[2].values()]
-    else:
-        chosen = every_t_dispatches(run, finalists_run, trials, seed, stages)
-    every = {workload.key(): shapes(workload, sizes, EVERY_T) for workload, sizes in WORKLOADS.values()}
-    return build.write_bundle(chosen, directory, every)
 
 
 def report_bundle(run: pathlib.Path, name: str) -> list[dict]:
@@ -361,8 +274,9 @@ def main() -> None:
     bundle_report.add_argument("--name", default="cuda_h200_bundle")
     arguments = parser.parse_args()
     if arguments.command == "build":
-        manifest = build_set(arguments.directory, chosen_from=arguments.chosen_from,
-                             whole_space=not arguments.chosen_only, finalists_of=arguments.finalists_of)
+        chosen = chosen_kernels(arguments.chosen_from) if arguments.chosen_from is not None else None
+        manifest = flow.build_set(PLAN, arguments.directory, chosen=chosen, whole_space=not arguments.chosen_only,
+                                  finalists_of=arguments.finalists_of)
         print(sum(len(w["kernels"]) for w in manifest["workloads"]), "kernels in", arguments.directory)
     elif arguments.command == "report":
         report_run(arguments.run, arguments.name, arguments.trials, arguments.seed, tuple(arguments.stages))
@@ -371,8 +285,8 @@ def main() -> None:
     elif arguments.command == "compare":
         compare_runs(arguments.before, arguments.after, arguments.name)
     elif arguments.command == "bundle":
-        manifest = write_bundle(arguments.run, arguments.directory, arguments.trials, 0, arguments.finalists_run,
-                                tuple(arguments.stages))
+        manifest = flow.write_bundle(PLAN, arguments.run, arguments.directory, arguments.trials, 0,
+                                     arguments.finalists_run, tuple(arguments.stages))
         print(sum(len(w["kernels"]) for w in manifest["workloads"]), "kernels in", arguments.directory)
     else:
         report_bundle(arguments.run, arguments.name)

@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
-from bench import cli, encoder, report  # noqa: E402
+from bench import cli, encoder, report, timing  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 
@@ -54,8 +54,8 @@ def main(argv=None):
     print(f"\n{'T':>4s} {'original ms':>12s} {'optimized ms':>13s} {'speed-up':>9s}")
     for t in cli.sequence_lengths(args.quick):
         ids = tf.constant(rng.integers(0, model.vocabulary, (1, t)), tf.int32)
-        seconds = encoder.median_seconds({"tensorflow": lambda: before(input_ids=ids), "dietcode": lambda: after(input_ids=ids)},
-                                         check=outputs_agree)
+        seconds = timing.interleaved_medians({"tensorflow": lambda: before(input_ids=ids),
+                                              "dietcode": lambda: after(input_ids=ids)}, check=outputs_agree)
         for peer, value in seconds.items():
             rows.append({"workload": f"{model.name}_batch1", "T": t, "peer": peer, "ms": value * 1e3,
                          "speedup_vs_tensorflow": seconds["tensorflow"] / value})

@@ -6,8 +6,8 @@ For [16,T,768]->2304 and [1,T,768]->3072: builds the Dense layer, converts it
 (tf_dietcode.keras.convert), tunes the DietDense for T in [1, 128] (tuning
 database <out>/tuning.jsonl, resumed), checks both layers agree, then at each
 T times each layer in-graph (calls in one tf.function loop for ~30 ms a
-sample, the two layers in interleaved rounds, medians: bench.tuned_kernels'
-timing). Writes diet_dense.csv and diet_dense.png and prints the
+sample, the two layers in interleaved rounds, medians: bench.timing's
+rounds). Writes diet_dense.csv and diet_dense.png and prints the
 geometric-mean speed-up per case.
 """
 
@@ -19,8 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import cli, report  # noqa: E402
-from bench.tuned_kernels import in_graph_timer, median_seconds  # noqa: E402
+from bench import cli, report, timing  # noqa: E402
 from bench.threads import use_threads, use_tvm_threads  # noqa: E402
 from tf_dietcode import keras as diet_keras  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
@@ -55,7 +54,8 @@ def main(argv=None):
         for t in cli.sequence_lengths(args.quick):
             x = rng.uniform(-1, 1, (batch, t, K)).astype(np.float32)
             np.testing.assert_allclose(layers["dietcode"](x), layers["tensorflow"](x), rtol=1e-4, atol=1e-4)
-            seconds = dict(zip(layers, median_seconds(*(in_graph_timer(layer, [x]) for layer in layers.values()))))
+            timers = [timing.in_graph_timer(layer, [x]) for layer in layers.values()]
+            seconds = dict(zip(layers, timing.median_seconds(*timers)))
             base = seconds["tensorflow"]
             for peer in layers:
                 median = seconds[peer]

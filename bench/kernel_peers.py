@@ -3,7 +3,7 @@
     python -m bench.kernel_peers [--quick] [--out bench/results]
 
 Per workload of bench.workloads and T, with 2 threads everywhere:
-- tensorflow: TF's own ops (Grappler and oneDNN on), in-graph (bench.in_graph_timing);
+- tensorflow: TF's own ops (Grappler and oneDNN on), in-graph (bench.timing);
 - dietcode_generic: the fused op's generic kernel (no bundle), in-graph; the
   tuned kernels are bench.tuned_kernels';
 - xla: the TF ops as an XLA cluster (jit_compile) per iteration of the same loop,
@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from bench import cli, in_graph_timing, onednn_off, onnx_peer, report  # noqa: E402
+from bench import cli, onednn_off, onnx_peer, report, timing  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
 from bench.workloads import WORKLOADS  # noqa: E402
 
@@ -52,7 +52,7 @@ def xla_first_call(compute, inputs) -> tuple[float, np.ndarray]:
 
 def onednn_off_worker(quick: bool, out: pathlib.Path) -> None:
     use_threads()
-    timings = [in_graph_timing.seconds_per_call(w.tensorflow, w.inputs(t)) for w, t in jobs(quick)]
+    timings = [timing.in_graph_seconds(w.tensorflow, w.inputs(t)) for w, t in jobs(quick)]
     onednn_off.result_path(out).write_text(json.dumps(timings))
 
 
@@ -76,11 +76,11 @@ def measure(quick: bool, out: pathlib.Path) -> list[dict]:
         for peer, tolerance in TOLERANCE.items():
             np.testing.assert_allclose(outputs[peer], expected, rtol=tolerance, atol=tolerance * scale,
                                        err_msg=f"{peer} {workload.name} T={t}")
-        seconds = {"tensorflow": in_graph_timing.seconds_per_call(workload.tensorflow, inputs),
-                   "dietcode_generic": in_graph_timing.seconds_per_call(workload.dietcode, inputs),
-                   "xla": in_graph_timing.seconds_per_call(workload.tensorflow, inputs, jit_compile=True),
+        seconds = {"tensorflow": timing.in_graph_seconds(workload.tensorflow, inputs),
+                   "dietcode_generic": timing.in_graph_seconds(workload.dietcode, inputs),
+                   "xla": timing.in_graph_seconds(workload.tensorflow, inputs, jit_compile=True),
                    "xla_first_call": first_call,
-                   "onnxruntime": max(onnx_peer.median_seconds(ort_call)
+                   "onnxruntime": max(timing.repeated_call_seconds(ort_call)
                                       - onnx_peer.call_overhead_seconds(arrays[0]), 1e-7)}
         rows += rows_of(workload, t, seconds)
     return rows

@@ -14,12 +14,12 @@ import functools
 import os
 import pathlib
 import re
-import statistics
 import subprocess
 import sys
-import time
 
 import numpy as np
+
+from bench import timing
 
 THREADS = 2
 
@@ -87,24 +87,9 @@ def bound_call(model, arrays: list[np.ndarray]):
     return call
 
 
-def median_seconds(call, repeats: int = 5, target_seconds: float = 0.05) -> float:
-    """Median over repeats of the mean time of enough calls to fill target_seconds."""
-    call()
-    start = time.perf_counter()
-    call()
-    count = int(min(max(target_seconds / max(time.perf_counter() - start, 1e-7), 1), 2000))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(count):
-            call()
-        samples.append((time.perf_counter() - start) / count)
-    return statistics.median(samples)
-
-
 def call_overhead_seconds(array: np.ndarray) -> float:
     """ORT's cost of one bound call doing nothing (an Identity model on `array`)."""
-    return median_seconds(bound_call(_identity_session(array.ndim), [array]))
+    return timing.repeated_call_seconds(bound_call(_identity_session(array.ndim), [array]))
 
 
 @functools.cache

@@ -8,10 +8,10 @@ then at each T times TF's op in-graph (MatMul+BiasAdd, BatchMatMulV2), the
 bundle's dispatched kernel (TVM's time_evaluator: no Python in the loop),
 the same micro-kernel compiled for that static shape and the largest-shape
 baseline's kernel, each loaded from a library (the last two from <out>/static
-and <out>/largest_shape_w*.so), all four in interleaved rounds (round_samples),
+and <out>/largest_shape_w*.so), all four in interleaved rounds (bench.timing.round_samples),
 with a run of the FMA loop (bench.peak) in each round too.
 Times are medians over the rounds; symbolic over static is the median of the
-rounds' ratios (paired_ratio). Each peer's speed is given as a fraction of the
+rounds' ratios (bench.timing.paired_ratio). Each peer's speed is given as a fraction of the
 FMA peak measured once before tuning (the best of 5 runs, `fraction_of_fma_peak`)
 and, paired, of the FMA loop run in the same rounds (`fraction_of_fma_loop_in_rounds`):
 this VM's speed drifts by several percent over the half hour between the two,
@@ -35,9 +35,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tvm  # noqa: E402
 
-from bench import cli, in_graph_timing, peak, report, workloads  # noqa: E402
+from bench import baselines, cli, peak, report, timing, workloads  # noqa: E402
 from bench.threads import use_threads, use_tvm_threads  # noqa: E402
-from tf_dietcode.tuning import baselines, bundle, hardware, measure, search, templates  # noqa: E402
+from tf_dietcode.tuning import bundle, hardware, measure, search, templates  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 from tf_dietcode.tuning.dispatch import build_dispatch  # noqa: E402
 from tf_dietcode.tuning.runner import LocalRunner  # noqa: E402
@@ -92,55 +92,6 @@ def read_bundle_manifest(directory: pathlib.Path) -> dict:
     return json.loads(path.read_text())
 
 
-ROUNDS = 21  # 7 read NN's 2 us kernel at T = 1 as 1.10x its static build; 41 read 0.97-1.02 (session 53)
-ROUND_SECONDS = 0.03
-
-
-def round_samples(*timers: Callable[[], float]) -> np.ndarray:
-    """ROUNDS samples of each timer (timers x rounds), taken in interleaved rounds.
-
-    Why interleaved: this VM's speed drifts by tens of % within seconds (the FMA
-    peak read 37-68 GFLOP/s across one hour), so computations timed one after another
-    compare their moments as much as themselves; in rounds, each round times every
-    one at nearly the same moment. The rounds' orders are balanced (measure.interleaved):
-    TF's sample, first in every round, slowed what came next (by 3% and 12% in two
-    measurements: docs/decisions.md, "Rounds in balanced orders").
-    """
-    return np.array(measure.interleaved(lambda i: timers[i](), [ROUNDS] * len(timers)))
-
-
-def median_seconds(*timers: Callable[[], float]) -> list[float]:
-    """Each timer's median over round_samples' rounds (the median drops the outlying rounds)."""
-    return [float(np.median(runs)) for runs in round_samples(*timers)]
-
-
-def paired_ratio(numerator: np.ndarray, denominator: np.ndarray) -> float:
-    """The median over rounds of one round's ratio of two timers' samples.
-
-    Why paired: a slow patch of this VM spans seconds, so it lands on both samples of a
-    round, and a round's ratio cancels it where the ratio of the two medians need not (each
-    median may fall in another patch). Six repeats of 21 rounds of the same cells (session 64,
-    Zen 3 VM: dense batch 16 T = 24, batch 1 T = 43, NT T = 43, NN T = 17, batch 16 T = 100)
-    gave the bundle's kernel over its static build a spread (sd of the log) of 0.003-0.010
-    paired against 0.007-0.016 as a ratio of medians; against TF's in-graph sample, timed by
-    another mechanism, pairing did not narrow it (0.016-0.048 against 0.016-0.042)."""
-    return float(np.median(np.asarray(numerator) / np.asarray(denominator)))
-
-
-def tvm_seconds(*calls: tuple) -> list[float]:
-    """Median seconds per call of each (module, function name, arguments), in interleaved rounds."""
-    return median_seconds(*(tvm_timer(*call) for call in calls))
-
-
-def tvm_timer(module, name: str, arguments, round_seconds: float = ROUND_SECONDS) -> Callable[[], float]:
-    """One sample of the function's seconds per call, over calls back to back for at least
-    round_seconds (warmed up and sized by a first timing)."""
-    first = module.time_evaluator(name, tvm.cpu(), number=1, repeat=1, min_repeat_ms=int(round_seconds * 1e3))
-    number = max(1, int(np.ceil(round_seconds / first(*arguments).mean)))
-    timer = module.time_evaluator(name, tvm.cpu(), number=number, repeat=1)
-    return lambda: timer(*arguments).mean
-
-
 def exported(executable, path: pathlib.Path):
     """The compiled kernel written to a shared library and loaded from it, as the bundle's kernels are.
     Timed JIT-compiled instead, NN's 1.5 us kernels at T = 1 ran 1.5-2% faster than the same code
@@ -151,20 +102,13 @@ def exported(executable, path: pathlib.Path):
 
 
 def tf_timer(tf_peer, operands: dict) -> Callable[[], float]:
-    """One sample of TF's peer on the operands, timed in-graph over at least ROUND_SECONDS.
+    """One sample of TF's peer on the operands, timed in-graph over at least timing.ROUND_SECONDS.
 
     Timed in the kernels' rounds: this VM has slow patches of seconds (TF read 60 ms for
     dense batch 16 at T = 119 in one run, 30 ms in the runs around it), which landed on one
     side of a ratio alone while TF was timed apart from the kernels (before them, while TVM's
     pool threads spun after every kernel for ~170 ms: bench.threads.use_tvm_threads)."""
-    return in_graph_timer(*tf_peer(operands))
-
-
-def in_graph_timer(compute, inputs: list) -> Callable[[], float]:
-    """One sample of compute(*inputs)'s seconds per call, timed in-graph over at least ROUND_SECONDS
-    (a timer for median_seconds' rounds)."""
-    timer = in_graph_timing.timer(compute, inputs, target_seconds=ROUND_SECONDS)
-    return lambda: timer(1)
+    return timing.in_graph_timer(*tf_peer(operands))
 
 
 def peak_speedups(rows: list[dict], workload: str) -> list[float]:
@@ -235,15 +179,15 @@ def main(argv=None):
         kernel = dispatch.kernels[index]
         arguments = template.kernel_arguments(operands, workload, kernel)
         largest_kernel, largest_module, _ = largest[name]
-        samples = round_samples(
+        samples = timing.round_samples(
             tf_timer(tf_peer, operands),
-            tvm_timer(module, bundle.kernel_symbol(w_index, index), arguments),
-            tvm_timer(static_module, "main", arguments),
-            tvm_timer(largest_module, "main", template.kernel_arguments(operands, workload, largest_kernel)),
+            timing.tvm_timer(module, bundle.kernel_symbol(w_index, index), arguments),
+            timing.tvm_timer(static_module, "main", arguments),
+            timing.tvm_timer(largest_module, "main", template.kernel_arguments(operands, workload, largest_kernel)),
             lambda: 1 / peak.fma_loop_gflops(fma_loop, hw.cores))  # seconds per GFLOP at the loop's rate
-        fractions = [workload.flops(dims) / 1e9 * paired_ratio(samples[4], peer) for peer in samples[:4]]
-        timed.append((kernel, largest_kernel, np.median(samples[:4], axis=1), paired_ratio(samples[1], samples[2]),
-                      fractions))
+        fractions = [workload.flops(dims) / 1e9 * timing.paired_ratio(samples[4], peer) for peer in samples[:4]]
+        timed.append((kernel, largest_kernel, np.median(samples[:4], axis=1),
+                      timing.paired_ratio(samples[1], samples[2]), fractions))
 
     rows = []
     for (_, name, workload, _, t, dims, _, _), (kernel, largest_kernel, (tf_time, symbolic, static, largest_time),

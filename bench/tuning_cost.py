@@ -22,10 +22,10 @@ import tempfile
 
 import numpy as np
 
-from bench import cli, report
+from bench import baselines, cli, report, timing
 from bench.threads import use_tvm_threads
-from bench.tuned_kernels import CASES, tvm_seconds
-from tf_dietcode.tuning import baselines, hardware, templates
+from bench.tuned_kernels import CASES
+from tf_dietcode.tuning import hardware, templates
 
 SAMPLED_T = (5, 24, 43, 62, 81, 100, 119, 128)
 QUICK_SAMPLED_T = (62,)
@@ -78,7 +78,7 @@ def main(argv=None):
                 rows.append(row | {"ms": float("nan"), "gflops": float("nan"), "tuning_seconds": failure.seconds,
                                    "kernel": "failed"})
                 continue
-        [seconds] = tvm_seconds((executable.mod, "main", baselines.plain_arguments(operands, workload, dims)))
+        [seconds] = timing.tvm_seconds((executable.mod, "main", baselines.plain_arguments(operands, workload, dims)))
         rows.append(row | {"ms": seconds * 1e3, "gflops": workload.flops(dims) / seconds / 1e9,
                            "tuning_seconds": tuning, "kernel": ""})
 

@@ -502,7 +502,7 @@ def test_repeats_are_interleaved_across_kernels_and_shapes():
 
 
 def test_builds_of_one_kernel_run_on_the_same_tensors_and_other_kernels_on_their_own():
-    """A kernel's symbolic and static builds (bench.aot_pairs) are timed on one set of tensors at a
+    """A kernel's symbolic and static builds (bench.studies.aot_pairs) are timed on one set of tensors at a
     shape, so where each build's arrays lie cannot tilt their ratio; another kernel gets its own."""
 
     class ArgumentsModule(ProbedModule):
@@ -665,7 +665,7 @@ def test_a_damaged_kept_kernel_is_compiled_again(tmp_path, monkeypatch):
 
 
 def test_largest_shape_baseline_tunes_one_shape_and_serves_the_range():
-    from tf_dietcode.tuning import baselines
+    from bench import baselines
 
     runner = FormulaRunner()
     options = search.SearchOptions(trials=16, batch=8, seed=2)
@@ -684,7 +684,8 @@ def test_per_shape_metaschedule_tunes_with_this_cpus_tensor_intrinsics_only(tmp_
     the intrinsic registry is per process."""
     script = f"""
 import sys
-from tf_dietcode.tuning import baselines, hardware
+from bench import baselines
+from tf_dietcode.tuning import hardware
 from tf_dietcode.tuning.workload import Workload
 workload = Workload("dense", (1, 8), 16, 8, bias=True)
 executable, _ = baselines.per_shape_metaschedule(workload, hardware.detect(), workload.dims_at((5,)), 2,
@@ -727,7 +728,8 @@ def test_rpc_runner_measures_through_a_tracker(rpc_tracker, workload, tmp_path, 
 
 def test_plain_computations_match_the_references(rng):
     """The per-shape baseline tunes the same computation the templates compute."""
-    from tf_dietcode.tuning import baselines, templates
+    from bench import baselines
+    from tf_dietcode.tuning import templates
 
     for workload, shape in ((Workload("dense", (1, 9), 12, 8, bias=True, activation="gelu_tanh"), (5,)),
                             (Workload("batch_matmul", (1, 9), (1, 9), 4, b=2, ties=("m", "n")), (7,)),

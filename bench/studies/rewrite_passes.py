@@ -1,7 +1,7 @@
 """One optimize() pass on BERT-base, the model with it against the model without, paired by round
 with an A/A control.
 
-    python -m bench.rewrite_passes PASS [--quick] [--without DIR --with DIR] [--out bench/results/PASS]
+    python -m bench.studies.rewrite_passes PASS [--quick] [--without DIR --with DIR] [--out bench/results/PASS]
 
 PASS is an optimize() switch: horizontal_fusion (Q/K/V as one GEMM, on by
 default) or layer_norm_fusion (each layer norm as one DietcodeLayerNorm, on by
@@ -38,23 +38,13 @@ import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
 
-from bench import bert_base, cli, encoder, report  # noqa: E402
+from bench import bert_base, cli, encoder, report, timing  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
 
 SECONDS_PER_CELL = 45.0
 QUICK_SECONDS_PER_CELL = 8.0
-BOOTSTRAP_SAMPLES = 2000
 PASSES = ("horizontal_fusion", "layer_norm_fusion")  # optimize() switches
 VARIANTS = {"without": False, "with": True}  # name -> the pass's switch
-
-
-def median_ratio_interval(numerator: list[float], denominator: list[float],
-                          rng: np.random.Generator) -> tuple[float, float, float]:
-    """Median of the per-round ratios and its bootstrap 95% interval."""
-    ratios = np.asarray(numerator) / np.asarray(denominator)
-    resampled = np.median(rng.choice(ratios, (BOOTSTRAP_SAMPLES, ratios.size)), axis=1)
-    low, high = np.percentile(resampled, [2.5, 97.5])
-    return float(np.median(ratios)), float(low), float(high)
 
 
 def verdict(low: float, high: float) -> str:
@@ -126,11 +116,11 @@ def main(argv=None):
     for batch in args.batches:
         for t in cli.sequence_lengths(args.quick):
             ids = bert_base.token_ids(batch, t)
-            samples = encoder.interleaved_seconds({name: (lambda call=call: call(ids)) for name, call in calls.items()},
-                                                  budget_seconds=budget, check=agree, shuffle=shuffle)
+            samples = timing.interleaved_seconds({name: (lambda call=call: call(ids)) for name, call in calls.items()},
+                                                 budget_seconds=budget, check=agree, shuffle=shuffle)
             cell = {}
             for pair in ("with", "without_again"):
-                ratio, low, high = median_ratio_interval(samples["without"], samples[pair], rng)
+                ratio, low, high = timing.median_ratio_interval(samples["without"], samples[pair], rng)
                 cell[pair] = {"workload": f"{bert_base.MODEL.name}_batch{batch}", "T": t, "pair": pair,
                               "rounds": len(samples[pair]), "ms": 1e3 * float(np.median(samples[pair])),
                               "without_ms": 1e3 * float(np.median(samples["without"])),

@@ -1,6 +1,6 @@
 """Concurrent callers of the tuned ops: do they share the cores or fight over them?
 
-    python -m bench.concurrency [--bundle bench/results/bundle]
+    python -m bench.studies.concurrency [--bundle bench/results/bundle]
 
 Tuned kernels run their parallel loops on TF's intra-op pool, so concurrent
 ops queue on the same threads instead of each starting its own. This runs 1,
@@ -14,16 +14,13 @@ well below 1.0 means oversubscription costs. Writes concurrency.csv.
 import argparse
 import os
 import pathlib
-import statistics
-import threading
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from bench import in_graph_timing, report, workloads  # noqa: E402
+from bench import report, timing, workloads  # noqa: E402
 from bench.threads import use_threads  # noqa: E402
 from bench.tuned_kernels import read_bundle_manifest  # noqa: E402
 from tf_dietcode import ops  # noqa: E402
@@ -33,22 +30,8 @@ ITERATIONS = 200
 SEQUENCE_LENGTHS = (1, 5, 62)  # T = 1 (M = 16): calls small enough that the op's thread joins the pool
 
 
-def concurrent_seconds(runs, iterations: int) -> float:
-    """Wall time of every run(iterations) started together (median of 3)."""
-    samples = []
-    for _ in range(3):
-        threads = [threading.Thread(target=run, args=(iterations,)) for run in runs]
-        start = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
 def eager_loops(compute, inputs, callers):
-    loops = [in_graph_timing.looped(compute, inputs) for _ in range(callers)]
+    loops = [timing.in_graph_loop(compute, inputs) for _ in range(callers)]
     for loop in loops:
         loop(tf.constant(2)).numpy()  # trace and warm up
     return [lambda n, loop=loop: loop(tf.constant(n)).numpy() for loop in loops]
@@ -61,7 +44,7 @@ def session_loops(compute, inputs, callers):
         graph = tf.Graph()
         with graph.as_default():
             count = tf.compat.v1.placeholder(tf.int32, [])
-            result = in_graph_timing.looped(compute, [tf.constant(x) for x in inputs])(count)
+            result = timing.in_graph_loop(compute, [tf.constant(x) for x in inputs])(count)
         session = tf.compat.v1.Session(graph=graph)
         session.run(result, {count: 2})
         runs.append(lambda n, session=session, result=result, count=count: session.run(result, {count: n}))
@@ -91,11 +74,11 @@ def main(argv=None):
         for peer, (compute, weight) in peers.items():
             inputs = [x, weight, bias]
             for mode, make in (("threads", eager_loops), ("sessions", session_loops)):
-                single = concurrent_seconds(make(compute, [tf.constant(v) for v in inputs]
+                single = timing.concurrent_seconds(make(compute, [tf.constant(v) for v in inputs]
                                                  if mode == "threads" else inputs, 1), ITERATIONS)
                 for callers in (1, 2, 4) if mode == "threads" else (1, 2):
                     runs = make(compute, [tf.constant(v) for v in inputs] if mode == "threads" else inputs, callers)
-                    seconds = concurrent_seconds(runs, ITERATIONS)
+                    seconds = timing.concurrent_seconds(runs, ITERATIONS)
                     rows.append({"T": t, "peer": peer, "mode": mode, "callers": callers,
                                  "ms_per_call": seconds / (callers * ITERATIONS) * 1e3,
                                  "throughput_vs_one_caller": single * callers / seconds})

@@ -1,7 +1,7 @@
 """Instructions per call of one micro-kernel's symbolic build and its static builds, counted by
 valgrind's callgrind, split into FMAs and the rest.
 
-    python -m bench.instruction_counts --workload bmm_nn --kernel m6_n16_k128_t1_ki_b --T 17 --T 128 [--out DIR]
+    python -m bench.studies.instruction_counts --workload bmm_nn --kernel m6_n16_k128_t1_ki_b --T 17 --T 128 [--out DIR]
 
 Why: the 2-vCPU VMs these benches run on expose no hardware counters, and two timer-sample
 profiles of the same two builds disagreed on where a 5% gap lay (session 72). Callgrind counts
@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 CALLS = 30  # per build, under valgrind; the counts are divided by it
-_REPOSITORY = pathlib.Path(__file__).resolve().parents[1]
+_REPOSITORY = pathlib.Path(__file__).resolve().parents[2]
 _FMA = re.compile(r"^v?f(n)?m(add|sub)|^fmla")
 
 
@@ -75,8 +75,8 @@ def count(library: pathlib.Path, profile: pathlib.Path, workload_key: str, kerne
           t: int) -> tuple[list[str], float, float]:
     """Run the library CALLS times under callgrind (a driver that never imports TensorFlow)."""
     subprocess.run(["valgrind", "--tool=callgrind", "--dump-instr=yes", f"--callgrind-out-file={profile}",
-                    sys.executable, "-m", "bench.instruction_counts", "--call", str(library), workload_key, kernel,
-                    str(t)], check=True, capture_output=True, cwd=_REPOSITORY)
+                    sys.executable, "-m", "bench.studies.instruction_counts", "--call", str(library), workload_key,
+                    kernel, str(t)], check=True, capture_output=True, cwd=_REPOSITORY)
     disassembly = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(library)], check=True,
                                  capture_output=True, text=True).stdout
     return annotated(executed(profile, library.name), disassembly, CALLS)
@@ -135,7 +135,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     missing = [tool for tool in ("valgrind", "objdump") if shutil.which(tool) is None]
     if missing:
-        raise SystemExit(f"bench.instruction_counts needs {' and '.join(missing)} on PATH")
+        raise SystemExit(f"bench.studies.instruction_counts needs {' and '.join(missing)} on PATH")
     cases = [case for case in CASES if case[0].startswith(args.workload)]
     if len(cases) != 1:
         raise SystemExit(f"--workload {args.workload!r} matches {len(cases)} of: {', '.join(c[0] for c in CASES)}")

@@ -1,11 +1,11 @@
 """The fused ops running a bundle's tuned kernels, against the same kernels
 called directly: the cost of going through TF, dispatch included.
 
-    python -m bench.in_op_dispatch [--bundle bench/results/bundle] [--threads 2] [--quick]
+    python -m bench.studies.in_op_dispatch [--bundle bench/results/bundle] [--threads 2] [--quick]
 
 Uses the bundle `python -m bench.tuned_kernels` writes (its workloads in the
 cases of bench.tuned_kernels.CASES it holds). At each T, times the op in-graph
-(bench.in_graph_timing) and the kernel the bundle's tree picks for that shape
+(bench.timing) and the kernel the bundle's tree picks for that shape
 through TVM's time_evaluator (no Python, no TF), both on --threads threads, in
 ROUNDS pairs of one ~50 ms sample each: the ratios and overheads are medians of
 each pair's.
@@ -32,9 +32,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tvm  # noqa: E402
 
-from bench import cli, in_graph_timing, report  # noqa: E402
+from bench import cli, report, timing  # noqa: E402
 from bench.threads import use_threads, use_tvm_threads  # noqa: E402
-from bench.tuned_kernels import CASES, read_bundle_manifest, tvm_timer  # noqa: E402
+from bench.tuned_kernels import CASES, read_bundle_manifest  # noqa: E402
 from tf_dietcode import ops  # noqa: E402
 from tf_dietcode.tuning import bundle, templates  # noqa: E402
 from tf_dietcode.tuning.micro_kernel import MicroKernel  # noqa: E402
@@ -59,25 +59,10 @@ def op_call(workload: Workload, entry: dict, path: str, operands: dict[str, np.n
 
 def paired_medians(op_sample: Callable[[], float], kernel_sample: Callable[[], float],
                    loop_seconds: float) -> tuple[float, float, float, float]:
-    """ROUNDS pairs of one op sample and one kernel sample (~50 ms each), back to back, the order
-    alternating: the medians of the pairs' (op - loop) / kernel and op - loop - kernel, and of the
-    op's and kernel's samples.
-
-    Why one sample each: this VM has slow patches of tens of ms, so the two sides of a ratio must
-    be timed at nearly the same moment (rounds of a median of 3 op samples against a median of 21
-    kernel samples compared a second's window with a third of one). No pause between them: an op
-    timed after a pause of 1 s ran 1.1-1.8x its time alone (the VM idles its cores); TVM's pool
-    thread no longer yields into the op's timing (bench.threads.use_tvm_threads)."""
-    pairs = []
-    for i in range(ROUNDS):
-        if i % 2:
-            kernel_seconds = kernel_sample()
-            op_seconds = op_sample()
-        else:
-            op_seconds = op_sample()
-            kernel_seconds = kernel_sample()
-        pairs.append((op_seconds, kernel_seconds))
-    op_seconds, kernel_seconds = np.array(pairs).T
+    """ROUNDS pairs of one op sample and one kernel sample (~50 ms each, bench.timing.alternating_pairs):
+    the medians of the pairs' (op - loop) / kernel and op - loop - kernel, and of the op's and kernel's
+    samples."""
+    op_seconds, kernel_seconds = timing.alternating_pairs(op_sample, kernel_sample, ROUNDS)
     return tuple(float(np.median(x)) for x in ((op_seconds - loop_seconds) / kernel_seconds,
                                                 op_seconds - loop_seconds - kernel_seconds, op_seconds, kernel_seconds))
 
@@ -110,13 +95,13 @@ def main(argv=None):
     rows = []
     for name, t, workload, entry, kernel_entry, operands in jobs:
         compute, inputs = op_call(workload, entry, path, operands)
-        op_timer = in_graph_timing.timer(compute, inputs, target_seconds=SAMPLE_SECONDS)
-        loop_seconds = in_graph_timing.seconds_per_call(lambda *xs: tf.identity_n(xs)[0], inputs, repeats=9)
+        op_timer = timing.in_graph_timer(compute, inputs, SAMPLE_SECONDS)
+        loop_seconds = timing.in_graph_seconds(lambda *xs: tf.identity_n(xs)[0], inputs, repeats=9)
         kernel = MicroKernel(**kernel_entry["params"])
-        kernel_timer = tvm_timer(module, kernel_entry["symbol"],
+        kernel_timer = timing.tvm_timer(module, kernel_entry["symbol"],
                                  templates.for_workload(workload).kernel_arguments(operands, workload, kernel),
                                  SAMPLE_SECONDS)
-        ratio, overhead, op_seconds, kernel_seconds = paired_medians(lambda: op_timer(1), kernel_timer, loop_seconds)
+        ratio, overhead, op_seconds, kernel_seconds = paired_medians(op_timer, kernel_timer, loop_seconds)
         rows.append({"workload": name, "T": t, "threads": args.threads, "kernel": kernel_entry["name"],
                      "op_us": op_seconds * 1e6, "loop_us": loop_seconds * 1e6,
                      "kernel_us": kernel_seconds * 1e6, "overhead_us": overhead * 1e6,

@@ -1,6 +1,6 @@
 """Symbolic-shape kernels against their static builds, paired several times per cell.
 
-    python -m bench.aot_pairs [--quick] [--tuned-kernels bench/results] [--out bench/results]
+    python -m bench.studies.aot_pairs [--quick] [--tuned-kernels bench/results] [--out bench/results]
 
 Reads tuned_kernels.csv in --tuned-kernels (bench.tuned_kernels: the micro-kernel its tree ran
 at each T) and, for each (workload, T), compiles that micro-kernel with symbolic
