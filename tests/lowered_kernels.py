@@ -5,8 +5,10 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from tf_dietcode.tuning import hardware, measure, templates
+from tf_dietcode.tuning import hardware, templates
 from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.tir_passes import pipeline
+from tf_dietcode.tuning.tir_passes.ir import conjunction_terms
 from tf_dietcode.tuning.workload import Workload
 
 
@@ -22,16 +24,12 @@ def parallel_loops(body) -> list:
     return [loop for loop in nodes(body, tvm.tirx.stmt.For) if loop.kind == tvm.tirx.stmt.ForKind.PARALLEL]
 
 
-def _terms(condition) -> list:
-    return _terms(condition.a) + _terms(condition.b) if isinstance(condition, tvm.tirx.And) else [condition]
-
-
 def small_reduction_copies(body) -> dict:
     """{(the dims a branch fixes, their size): the branch's copy} for each branch fixing dims to one size
     (small_reductions' copies: `if K == 3 and M == 3: ...`)."""
     found = {}
     for branch in nodes(body, tvm.tirx.stmt.IfThenElse):
-        terms = _terms(branch.condition)
+        terms = conjunction_terms(branch.condition)
         if all(isinstance(t, tvm.tirx.EQ) and isinstance(t.a, tvm.tirx.Var) and isinstance(t.b, tvm.tirx.IntImm)
                for t in terms):
             sizes = {int(t.b) for t in terms}
@@ -50,8 +48,8 @@ def compile_seen_after(pass_name: str, function: tvm.tirx.PrimFunc, target: tvm.
             if info.name == pass_name:
                 seen["module"] = mod
 
-    with tvm.transform.PassContext(config=measure.PASS_CONFIG, instruments=[AfterThePass()]):
-        executable = tvm.compile(function, target=target, tir_pipeline=measure.PIPELINE)
+    with tvm.transform.PassContext(config=pipeline.PASS_CONFIG, instruments=[AfterThePass()]):
+        executable = tvm.compile(function, target=target, tir_pipeline=pipeline.register())
     return executable, seen["module"]
 
 

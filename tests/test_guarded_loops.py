@@ -8,8 +8,10 @@ import tvm
 from tvm.script import tirx as T
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning import guarded_loops, hardware, measure, templates
+from tf_dietcode.tuning import hardware, templates
 from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.tir_passes import guarded_loops
+from tf_dietcode.tuning.tir_passes.pipeline import PASS_CONFIG, register
 from tf_dietcode.tuning.workload import Workload
 
 
@@ -98,7 +100,7 @@ def test_a_bound_the_enclosing_loops_imply_is_dropped():
 def test_shrunk_loops_compute_what_the_guarded_ones_did():
     target = tvm.target.Target("llvm")
     reference = tvm.compile(guarded, target=target, tir_pipeline="default")
-    shrunk = tvm.compile(guarded, target=target, tir_pipeline=measure.PIPELINE)
+    shrunk = tvm.compile(guarded, target=target, tir_pipeline=register())
     for n in range(-3, 36, 2):
         for c in (-1, 0, 5, 40):
             outputs = []
@@ -130,9 +132,9 @@ def test_symbolic_kernels_keep_no_check_per_iteration(workload, kernel):
     target = tvm.target.Target(hw.target(), host=hw.target())
     scheduled = tvm.tirx.transform.BindTarget(target)(templates.for_workload(workload).schedule(workload, kernel))
     checked = {}
-    for pipeline in ("default", measure.PIPELINE):
+    for pipeline in ("default", register()):
         lower = tvm.tirx.get_tir_pipeline(pipeline)[0]
-        with tvm.transform.PassContext(config=measure.PASS_CONFIG):
+        with tvm.transform.PassContext(config=PASS_CONFIG):
             checked[pipeline] = loops_checking_their_variable(lower(scheduled)["main"].body)
     assert checked["default"], "LoopPartition left no checked loop: is ShrinkGuardedLoops still needed?"
-    assert checked[measure.PIPELINE] == []
+    assert checked[register()] == []

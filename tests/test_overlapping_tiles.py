@@ -12,7 +12,7 @@ from tvm.tirx import stmt as tir_stmt
 from lowered_kernels import assert_computes_the_product, build_seen_after, nodes
 from tf_dietcode.tuning import hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
-from tf_dietcode.tuning.overlapping_tiles import overlap_partial_tiles
+from tf_dietcode.tuning.tir_passes.overlapping_tiles import overlap_partial_tiles
 from tf_dietcode.tuning.workload import Workload
 
 LANES = hardware.detect().vector_lanes

@@ -7,8 +7,9 @@ from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
 from lowered_kernels import assert_computes_the_product, build_seen_after, nodes, parallel_loops
-from tf_dietcode.tuning import parallel_launches, task_scratch
 from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.tir_passes import parallel_launches
+from tf_dietcode.tuning.tir_passes.markers import LAUNCH_POINT
 from tf_dietcode.tuning.workload import Workload
 
 IN_PLACE = Workload("dense", (1, 40), 96, 64, bias=True, weight_layout="in_place")
@@ -22,7 +23,7 @@ CASES = [
 
 def _launches(body) -> int:
     """How many statements launch tasks: launch points, and parallel loops outside any."""
-    points = [n for n in nodes(body, tir_stmt.AttrStmt) if n.attr_key == task_scratch.LAUNCH_POINT]
+    points = [n for n in nodes(body, tir_stmt.AttrStmt) if n.attr_key == LAUNCH_POINT]
     inside = sum(len(parallel_loops(point.body)) for point in points)
     return len(points) + len(parallel_loops(body)) - inside
 
@@ -51,5 +52,5 @@ def test_only_loops_over_one_variable_share_a_launch():
     apart = tir_stmt.SeqStmt([_store_loop("i"), _store_loop("j")])
     assert parallel_launches.merge_launches(apart).same_as(apart)
     merged = parallel_launches.merge_launches(tir_stmt.SeqStmt([_store_loop("i"), _store_loop("i")]))
-    assert isinstance(merged, tir_stmt.AttrStmt) and merged.attr_key == task_scratch.LAUNCH_POINT
+    assert isinstance(merged, tir_stmt.AttrStmt) and merged.attr_key == LAUNCH_POINT
     assert len(parallel_loops(merged)) == 2

@@ -14,9 +14,10 @@ from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
 from lowered_kernels import build_seen_after
-from tf_dietcode.tuning import hardware, measure, prefetch_panel, templates
+from tf_dietcode.tuning import hardware, measure, templates
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.templates import dense
+from tf_dietcode.tuning.tir_passes import markers
 from tf_dietcode.tuning.workload import Workload
 
 HW = hardware.detect()
@@ -87,11 +88,11 @@ def test_only_the_first_row_tiles_prefetch_and_every_address_is_in_bounds():
     weight_floats = FFN_IN.n.hi * FFN_IN.k.hi
     for branch in guarded:
         row_tiles = [term for term in _conjuncts(branch.condition) if isinstance(term, tirx.LT)]
-        assert len(row_tiles) == 1 and int(row_tiles[0].b) == prefetch_panel.EVERY
+        assert len(row_tiles) == 1 and int(row_tiles[0].b) == markers.EVERY
         row_tile = row_tiles[0].a.value if isinstance(row_tiles[0].a, tirx.Cast) else row_tiles[0].a
         analyzer = sym.Analyzer()
         for loop in loops:
-            extent = tirx.const(prefetch_panel.EVERY, "int64") if loop.loop_var.same_as(row_tile) else loop.extent
+            extent = tirx.const(markers.EVERY, "int64") if loop.loop_var.same_as(row_tile) else loop.extent
             analyzer.bind(loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, extent))
         for call in _prefetches_and_loops(branch.then_case)[0]:
             index = call.args[1].args[0].indices[0]

@@ -11,7 +11,7 @@ from tvm.tirx import stmt as tir_stmt
 from lowered_kernels import assert_computes_the_product, build_seen_after, compile_seen_after, nodes
 from tf_dietcode.tuning import hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
-from tf_dietcode.tuning.reduction_chains import CHAINS_IN_FLIGHT, ways
+from tf_dietcode.tuning.tir_passes.reduction_chains import CHAINS_IN_FLIGHT, ways
 from tf_dietcode.tuning.workload import Workload
 
 

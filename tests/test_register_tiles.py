@@ -11,8 +11,9 @@ from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
 from lowered_kernels import assert_computes_the_product, build_seen_after
-from tf_dietcode.tuning import register_tiles, templates
+from tf_dietcode.tuning import templates
 from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.tir_passes import register_tiles
 from tf_dietcode.tuning.workload import Workload
 
 BUFFER_DATA = tvm.ir.Op.get("tirx.buffer_data")

@@ -12,9 +12,9 @@ from tvm.tirx import stmt as tir_stmt
 
 from lowered_kernels import (assert_computes_on_attention_layouts, assert_computes_the_product, build_seen_after,
                              nodes, small_reduction_copies)
-from tf_dietcode.tuning.guarded_loops import in_scope, rebuild_loops, uses
 from tf_dietcode.tuning.micro_kernel import MicroKernel
-from tf_dietcode.tuning.row_pointers import MIN_ROWS
+from tf_dietcode.tuning.tir_passes.ir import in_scope, rebuild_loops, uses
+from tf_dietcode.tuning.tir_passes.row_pointers import MIN_ROWS
 from tf_dietcode.tuning.workload import Workload
 
 PASS = "tf_dietcode.OwnRowPointers"

@@ -10,7 +10,7 @@ from tvm.tirx import stmt as tir_stmt
 from lowered_kernels import assert_computes_the_product, build_seen_after, small_reduction_copies
 from tf_dietcode.tuning import templates
 from tf_dietcode.tuning.micro_kernel import MicroKernel
-from tf_dietcode.tuning.small_reductions import SMALL_REDUCTIONS
+from tf_dietcode.tuning.tir_passes.markers import SMALL_REDUCTIONS
 from tf_dietcode.tuning.workload import Workload
 
 PASS = "tf_dietcode.VersionSmallReductions"

@@ -8,8 +8,9 @@ from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
 from lowered_kernels import assert_computes_the_product, build_seen_after
-from tf_dietcode.tuning import task_scratch
 from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.tir_passes import task_scratch
+from tf_dietcode.tuning.tir_passes.markers import LAUNCH_POINT
 from tf_dietcode.tuning.workload import Workload
 
 
@@ -39,7 +40,7 @@ def _parallel_loop(kind=tir_stmt.ForKind.PARALLEL):
 def test_invariant_allocations_move_to_the_launch_point():
     loop = _parallel_loop()
     hoisted = task_scratch.allocate_per_task(loop)
-    assert isinstance(hoisted, tir_stmt.AttrStmt) and hoisted.attr_key == task_scratch.LAUNCH_POINT
+    assert isinstance(hoisted, tir_stmt.AttrStmt) and hoisted.attr_key == LAUNCH_POINT
     *per_task, parallel = _sequence(hoisted.body)
     assert [type(s) for s in per_task] == [tir_stmt.Bind, tir_stmt.AllocBuffer]
     assert per_task[1].buffer.name == "tile"
@@ -68,6 +69,6 @@ def test_kernels_allocating_per_task_compute_the_product(kernel):
     executable, main = build_seen_after("tf_dietcode.AllocatePerTask", NT, kernel)
     launch_points = []
     tvm_ffi.structural_walk(main.body, (tir_stmt.AttrStmt, lambda node: launch_points.append(node)
-                                        if node.attr_key == task_scratch.LAUNCH_POINT else None))
+                                        if node.attr_key == LAUNCH_POINT else None))
     assert launch_points, "the kernel's tiles are still allocated in every iteration"
     assert_computes_the_product(executable, NT, kernel, (1, 2, 7, 8, 9, 31, 40))

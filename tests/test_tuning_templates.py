@@ -10,8 +10,8 @@ import tvm
 from tvm import s_tir, tirx
 
 from tf_dietcode.tuning import hardware, measure, micro_kernel, templates
-from tf_dietcode.tuning.guarded_loops import uses
 from tf_dietcode.tuning.templates import dense
+from tf_dietcode.tuning.tir_passes.ir import uses
 from tf_dietcode.tuning.workload import Workload
 
 WORKLOADS = [
@@ -130,7 +130,7 @@ def test_whole_batch_tasks_run_their_column_tasks_in_turn(rng, workload):
 def test_whole_batch_over_a_static_n_with_a_partial_last_column_task(rng, transpose_b):
     """N = 40 in column tasks of 32: LoopPartition leaves a one-iteration piece of the column-task
     loop, which it used to inline with an int32 index into int64 code, and the kernel did not
-    compile (measure.PASS_CONFIG says more)."""
+    compile (tir_passes.pipeline.PASS_CONFIG says more)."""
     workload = Workload("batch_matmul", (1, 40), 40, (1, 40) if not transpose_b else 16, b=6,
                         transpose_b=transpose_b, ties=("m", "k") if not transpose_b else ())
     assert_right_at_edge_shapes(workload, micro_kernel.MicroKernel(2, 32, 40, 1, False, whole_batch=True), rng)

@@ -11,8 +11,8 @@ from tvm.tirx import stmt as tir_stmt
 
 from lowered_kernels import assert_computes_the_product, build_seen_after, nodes
 from tf_dietcode.tuning import hardware, micro_kernel
-from tf_dietcode.tuning.guarded_loops import statements, whole_vectors_up_to_a_bound
 from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.tir_passes.ir import statements, whole_vectors_up_to_a_bound
 from tf_dietcode.tuning.workload import Workload
 
 NT = Workload("batch_matmul", (1, 40), (1, 40), 64, b=3, ties=("m", "n"))

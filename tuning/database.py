@@ -3,7 +3,9 @@
 Append-only, so an interrupted run loses at most its last line, and a later run
 on the same workload and CPU resumes from what was measured. Each record names
 the version of the kernel templates that made it: a measurement of code that
-has since changed is not reused.
+has since changed is not reused. A record of kernels built with TIR passes left
+out (TF_DIETCODE_DISABLE_PASSES) names them, and is used only by runs leaving out
+the same ones: an A/B tuning never reuses the other side's measurements.
 """
 
 import collections
@@ -16,6 +18,7 @@ from tf_dietcode.tuning.kernel_objects import KernelObjects
 from tf_dietcode.tuning.measure import Measurement, latest
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.templates import TEMPLATES_VERSION
+from tf_dietcode.tuning.tir_passes import pipeline
 from tf_dietcode.tuning.workload import Workload
 
 
@@ -37,7 +40,9 @@ class Database:
         return KernelObjects(self.path.with_suffix(".kernels")) if self.path else KernelObjects()
 
     def add(self, workload: Workload, target: str, measurements: list[Measurement]) -> None:
-        records = [{"workload": workload.key(), "target": target, "templates": TEMPLATES_VERSION, **m.to_json()}
+        disabled = pipeline.disabled_passes()
+        records = [{"workload": workload.key(), "target": target, "templates": TEMPLATES_VERSION,
+                    **({"disabled_passes": list(disabled)} if disabled else {}), **m.to_json()}
                    for m in measurements]
         self._records.extend(records)
         if self.path:
@@ -46,10 +51,12 @@ class Database:
                 f.writelines(json.dumps(r) + "\n" for r in records)
 
     def _usable(self, target: str, kernel_type: type):
-        """(workload key, measurement) of every record on this target by these templates,
-        its kernel a `kernel_type` (the target's); records of another format are skipped."""
+        """(workload key, measurement) of every record on this target by these templates and these
+        TIR passes, its kernel a `kernel_type` (the target's); records of another format are skipped."""
+        disabled = list(pipeline.disabled_passes())
         for record in self._records:
-            if record.get("target") == target and record.get("templates") == TEMPLATES_VERSION:
+            if record.get("target") == target and record.get("templates") == TEMPLATES_VERSION \
+                    and record.get("disabled_passes", []) == disabled:
                 try:
                     yield record["workload"], Measurement.from_json(record, kernel_type)
                 except (KeyError, TypeError):

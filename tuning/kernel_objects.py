@@ -9,11 +9,13 @@ A tuning database with a file keeps its compiled kernels beside it (Database.ker
 so a fresh database is a tuning from scratch, and a resumed one links what it measured;
 otherwise they live in a directory of the process, removed at its exit.
 
-An entry is keyed by the workload, the kernel, the target and a fingerprint of the code
-that lowers it (tuning/'s sources and TVM's version), so no object outlives the compiler
-that made it. Entries are written under a temporary name and renamed into place, so
-processes sharing a directory (xdist workers, tuning runs side by side) never read half
-a file; one that cannot be loaded is compiled again.
+An entry is keyed by the workload, the kernel, the target, a fingerprint of the code
+that lowers it (tuning/'s sources and TVM's version) and the TIR passes left out
+(TF_DIETCODE_DISABLE_PASSES, as measure.compile_kernel builds), so no object outlives the
+compiler that made it, and a tuning with a pass left out never links one built with it.
+Entries are written under a temporary name and renamed into place, so processes sharing
+a directory (xdist workers, tuning runs side by side) never read half a file; one that
+cannot be loaded is compiled again.
 """
 
 import atexit
@@ -32,6 +34,7 @@ from tvm.support import cc
 
 from tf_dietcode.tuning import measure
 from tf_dietcode.tuning.hardware import Hardware
+from tf_dietcode.tuning.tir_passes import pipeline
 from tf_dietcode.tuning.workload import Workload
 
 EXPORTED_PREFIX = "__tvm_ffi_"  # the C symbol TVM's library modules export a function `name` under
@@ -77,7 +80,8 @@ class KernelObjects:
     directory: pathlib.Path = dataclasses.field(default_factory=process_directory)
 
     def _entry(self, workload: Workload, kernel, hw: Hardware) -> pathlib.Path:
-        key = json.dumps([workload.key(), dataclasses.asdict(kernel), dataclasses.asdict(hw), _code_fingerprint()])
+        key = json.dumps([workload.key(), dataclasses.asdict(kernel), dataclasses.asdict(hw), _code_fingerprint(),
+                          pipeline.disabled_passes()])
         return self.directory / hashlib.sha256(key.encode()).hexdigest()[:32]
 
     def object_file(self, workload: Workload, kernel, hw: Hardware) -> pathlib.Path:

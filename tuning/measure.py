@@ -23,11 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import tvm
 
-from tf_dietcode.tuning import (guarded_loops, overlapping_tiles, parallel_launches, prefetch_panel, reduction_chains,
-                                 register_tiles, remainder_rows, row_pointers, small_reductions, task_division,
-                                 task_scratch, templates, transpose_in_registers, vector_write_backs)
+from tf_dietcode.tuning import templates
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.micro_kernel import MicroKernel
+from tf_dietcode.tuning.tir_passes import pipeline
 from tf_dietcode.tuning.workload import Workload
 
 
@@ -57,54 +56,11 @@ def latest(measurements: list[Measurement]) -> list[Measurement]:
     return list({(record.kernel, record.shape): record for record in measurements}.values())
 
 
-# LoopPartition also splits loops of constant trip count: a tile's write-back loop runs
-# over its columns (a constant) against a bound that is symbolic (N - the tile's first
-# column), and split there it writes the valid columns with no check per element. With
-# the fetches split this way too (templates 11), batch matmul NT's symbolic m2_n32_k32
-# ran 6-12% faster at T = 62-128 and 2-5% slower at T = 5-17; NN and dense within 1%
-# (Zen 1 VM, interleaved). The fetches now stop at the bounds by themselves
-# (templates.copy_inside_bounds), leaving the write-backs and a dynamic K's last block
-# (batch_matmul.partition_the_reduction).
-# no_unroll_loop_with_extent_one: a partition of one iteration is otherwise inlined with its
-# loop var replaced by an int32 zero (LoopPartitioner::MakeFor, read in TVM's main branch; the
-# failure seen on 0.27), though the var is int64: a whole_batch kernel over a static N that its
-# column tasks do not divide (N = 40 in tasks of 16 columns, or BERT's 64 in AVX2's 24) then
-# failed to compile ("mismatched types. int32 vs. int64"), and tuning lost those candidates.
-# The loop left behind is simplified away later; every other kernel's lowered code is
-# unchanged (30 kernels compared as text).
-PASS_CONFIG = {"s_tir.LoopPartition": {"partition_const_loop": True, "no_unroll_loop_with_extent_one": True}}
-
-
-def _pipeline():
-    """TVM's default TIR pipeline, then ours on the lowered code: VersionSmallReductions (first, so
-    the passes after it see each copy's constant sizes), ShrinkGuardedLoops (after LoopPartition made
-    the remainders), OverlapPartialTiles (on the pairs of whole and partial
-    tile loops that LoopPartition made), TransposeInRegisters (on the loops ShrinkGuardedLoops
-    left with constant extents or stopping at N), RegisterTiles (after StorageRewrite merged the
-    partitions' accumulators), SpecializeRemainderRows, VectorWriteBacks (on the write-backs
-    whose rows SpecializeRemainderRows made constant), SplitReductionChains (on the K loops of
-    those constant rows, whose write-backs tell the live accumulators), PrefetchNextPanel and AllocatePerTask
-    (before LowerTVMBuiltin, in the finalizing passes, turns tiles into workspace calls),
-    DivideTaskIndexByReciprocal (on the parallel loops, the copies' too), OwnRowPointers (on the final
-    index expressions) and MergeParallelLaunches (last: one launch where LoopPartition made two)."""
-    lower, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline("default")
-    ours = [small_reductions.VersionSmallReductions, guarded_loops.ShrinkGuardedLoops,
-            overlapping_tiles.OverlapPartialTiles, transpose_in_registers.TransposeInRegisters,
-            register_tiles.RegisterTiles, remainder_rows.SpecializeRemainderRows, vector_write_backs.VectorWriteBacks,
-            reduction_chains.SplitReductionChains,
-            prefetch_panel.PrefetchNextPanel, task_scratch.AllocatePerTask, task_division.DivideTaskIndexByReciprocal,
-            row_pointers.OwnRowPointers, parallel_launches.MergeParallelLaunches]
-    return tvm.transform.Sequential([lower, *ours]), finalize_host, finalize_device
-
-
-PIPELINE = "tf_dietcode"  # tvm.compile(..., tir_pipeline=PIPELINE)
-tvm.tirx.compilation_pipeline.register_tir_pipeline(PIPELINE, _pipeline)
-
-
-def build(mod: tvm.IRModule, hw: Hardware):
-    """Kernels compiled for this machine, as every kernel is (tuning, bundles, benchmarks)."""
-    with tvm.transform.PassContext(config=PASS_CONFIG):
-        return tvm.compile(mod, target=hw.target(), tir_pipeline=PIPELINE)
+def build(mod: tvm.IRModule, hw: Hardware, disabled: Iterable[str] | None = None):
+    """Kernels compiled for this machine, as every kernel is (tuning, bundles, benchmarks), by
+    tir_passes.pipeline less the passes `disabled` (None: those TF_DIETCODE_DISABLE_PASSES lists)."""
+    with tvm.transform.PassContext(config=pipeline.PASS_CONFIG):
+        return tvm.compile(mod, target=hw.target(), tir_pipeline=pipeline.register(disabled))
 
 
 def compile_kernel(workload: Workload, kernel: MicroKernel, hw: Hardware, dims: dict[str, int] | None = None):

@@ -61,6 +61,8 @@ from tvm.s_tir.stmt import SBlockRealize
 from tvm.sym import Analyzer
 from tvm.sym.analyzer import ProofStrength
 
+from tf_dietcode.tuning.tir_passes.ir import conjunction_terms
+
 
 def for_workload(workload):
     """The template module of the workload's kind."""
@@ -192,13 +194,6 @@ def _past_bounds(fill: SBlockRealize, extents) -> tvm.ir.expr.Expr:
     return tirx.all(*region, tirx.any(*past))
 
 
-def conjunction_terms(condition) -> list:
-    """The terms of a chain of `and`s, in order."""
-    if isinstance(condition, tirx.And):
-        return conjunction_terms(condition.a) + conjunction_terms(condition.b)
-    return [condition]
-
-
 def set_predicate(sch: s_tir.Schedule, innermost, predicate) -> None:
     """Guard the block directly under the loop `innermost` with `predicate`."""
     loop = sch.get(innermost)
@@ -268,7 +263,7 @@ def check_rows_and_columns_only(sch: s_tir.Schedule, write_back) -> None:
     kernel's time. Only the tile's rows and columns (the last two dims) can fall
     outside the output, the leading dims being iterated exactly, so only they are
     checked, and only where the loop bounds do not already prove them; each
-    `likely`, so LoopPartition (measure.PASS_CONFIG) splits the loop over the
+    `likely`, so LoopPartition (tir_passes.pipeline.PASS_CONFIG) splits the loop over the
     tile's columns into the valid columns, unchecked, and the rest.
     """
     if not isinstance(sch.get(sch.get_loops(write_back)[-1]).body, SBlockRealize):

@@ -30,9 +30,9 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script.builder import ir as T
 
 from tf_dietcode.tuning.micro_kernel import MicroKernel, blocks_the_reduction
-from tf_dietcode.tuning.small_reductions import versions_attribute
 from tf_dietcode.tuning.templates import (accumulate_locally, dim, fetch_into_local, optional_block,
                                           read_in_place_clamped, set_predicate)
+from tf_dietcode.tuning.tir_passes.markers import versions_attribute
 from tf_dietcode.tuning.workload import Workload
 
 COMPUTE_BLOCK = "acc"

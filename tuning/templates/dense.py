@@ -27,9 +27,9 @@ import numpy as np
 import tvm
 from tvm import s_tir, te, tirx
 
-from tf_dietcode.tuning import prefetch_panel
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.templates import accumulate_locally, activation, dim, vectorize_in_whole_vectors
+from tf_dietcode.tuning.tir_passes import markers
 from tf_dietcode.tuning.workload import Workload
 
 COMPUTE_BLOCK = "acc"
@@ -125,10 +125,10 @@ def schedule(workload: Workload, kernel: MicroKernel, dims: dict[str, int] | Non
     if prefetches_next_panel(workload, kernel):
         depth = workload.k.hi
         rows = dim(workload, "m", dims)
-        prefetch_panel.annotate(sch, i_outer, k_outer, k_inner, depth, kernel.tile_k, kernel.tile_n,
-                                weight_blocks(workload, kernel) * depth * kernel.tile_n, "wp",
-                                rows.name if isinstance(rows, tirx.Var) else int(rows),
-                                0 if workload.cold_weight else WARM_PREFETCH_MIN_ROW_TILES * kernel.tile_m)
+        markers.annotate(sch, i_outer, k_outer, k_inner, depth, kernel.tile_k, kernel.tile_n,
+                         weight_blocks(workload, kernel) * depth * kernel.tile_n, "wp",
+                         rows.name if isinstance(rows, tirx.Var) else int(rows),
+                         0 if workload.cold_weight else WARM_PREFETCH_MIN_ROW_TILES * kernel.tile_m)
     accumulate_locally(sch, block, i_outer, sch.get_sblock("out"), ji, i_inner, middle[0], kernel.task_n == 1)
     return sch.mod
 
@@ -138,8 +138,8 @@ WARM_PREFETCH_MIN_ROW_TILES = 2
 
 
 def prefetches_next_panel(workload: Workload, kernel: MicroKernel) -> bool:
-    """Whether the kernel prefetches its next task's panel during its compute (tuning/prefetch_panel.py):
-    where each task computes one packed panel (task_n = 1, task_m = 0), the next panel in memory
+    """Whether the kernel prefetches its next task's panel during its compute
+    (tuning/tir_passes/prefetch_panel.py): where each task computes one packed panel (task_n = 1, task_m = 0), the next panel in memory
     being the one its thread computes next. Not a tuning choice, so every such kernel has it:
     - From DRAM (`cold_weight`), always: BERT-base optimized from one tuning database, so with
       the same kernels, ran 1.07x as fast with it at batch 1 over T = 1..128 (1.16-1.19x at
@@ -149,10 +149,10 @@ def prefetches_next_panel(workload: Workload, kernel: MicroKernel) -> bool:
       interleaved (Emerald Rapids, 2 threads): 1.04-1.25x at M = 12-128 for 6 x 48 tiles, 1.06-1.11x
       at M = 17-128 for 8 x 48, and at M = 16..2048 (batch 16) 0.98-1.08x; with one whole row tile
       (M = 1-11 for 6-row tiles) it lost 2-13%, the panel's stream then being all the task does.
-    Only where K blocks split into whole blocks of prefetch_panel.EVERY steps: a partial block
+    Only where K blocks split into whole blocks of markers.EVERY steps: a partial block
     would put a bound check in the compute loop."""
     return (kernel.packed and kernel.task_n == 1 and kernel.task_m == 0
-            and kernel.tile_k % prefetch_panel.EVERY == 0)
+            and kernel.tile_k % markers.EVERY == 0)
 
 
 def copy_panel(sch: s_tir.Schedule, block, task, tile_n: int) -> None:

@@ -22,8 +22,8 @@ import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import sequence, statements
-from tf_dietcode.tuning.task_scratch import LAUNCH_POINT
+from tf_dietcode.tuning.tir_passes.ir import sequence, statements
+from tf_dietcode.tuning.tir_passes.markers import LAUNCH_POINT
 
 PER_TASK = (tir_stmt.AllocBuffer, tir_stmt.Bind)  # what a launch point runs once per task before its loop
 

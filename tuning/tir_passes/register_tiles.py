@@ -43,8 +43,10 @@ import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
+from tf_dietcode.tuning.tir_passes.ir import reads
+from tf_dietcode.tuning.tir_passes.markers import ON_THE_STACK
+
 REGISTER_FILE_BYTES = 32 * 64  # AVX-512's 32 registers of 64 bytes: no register tile is larger
-ON_THE_STACK = {"disable_lower_builtin": tirx.const(1, "int32")}  # LowerTVMBuiltin leaves the allocation alone
 _BUFFER_DATA = tvm.ir.Op.get("tirx.buffer_data")
 
 
@@ -65,13 +67,6 @@ def _aliased_tile(statement: tir_stmt.Stmt, tiles: list[tirx.Buffer]) -> bool:
     data = statement.data
     return (isinstance(data, tvm.ir.Call) and data.op.same_as(_BUFFER_DATA)
             and any(tile.same_as(data.args[0]) for tile in tiles))
-
-
-def reads(node, buffer: tirx.Buffer) -> bool:
-    """Whether the node loads from `buffer`."""
-    loads = []
-    tvm_ffi.structural_walk(node, (tvm.ir.TensorLoad, loads.append))
-    return any(load.source.same_as(buffer) for load in loads)
 
 
 def _written_whole_first(buffer: tirx.Buffer, following: list[tir_stmt.Stmt]) -> bool:

@@ -17,7 +17,7 @@ the FFN-out's `m6_n16_k512_t1_ki_p_rall` 1.06-1.32x; at M = 512 within noise.
 Issued at every k step instead (a check per step), only M <= 21 gained and from
 M = 43 it lost up to 30%. Which kernels do it: templates.dense.prefetches_next_panel.
 
-The template marks three loops (`annotate`): the task's row tiles, its K
+The template marks three loops (`markers.annotate`): the task's row tiles, its K
 blocks and the compute's k loop split into blocks of EVERY steps; the pass
 inserts the prefetch at the head of the last, after its bindings, and drops
 the marks. A loop that lowering removed (one iteration) counts as 0.
@@ -27,26 +27,13 @@ import functools
 
 import tvm
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import loops, rebuild_loops, sequence, statements, with_body
+from tf_dietcode.tuning.tir_passes.ir import loops, rebuild_loops, sequence, statements, with_body
+from tf_dietcode.tuning.tir_passes.markers import BLOCKS, EVERY, ROWS, STEPS
 
-EVERY = 4  # k steps per prefetch of one k row of the next panel
-ROWS, BLOCKS, STEPS = (f"tf_dietcode.prefetch_{mark}" for mark in ("rows", "k_blocks", "steps"))
 _LINE_FLOATS = 16  # one 64-byte cache line
-
-
-def annotate(sch: s_tir.Schedule, rows, k_blocks, k_steps, k: int, tile_k: int, tile_n: int, weight_floats: int,
-             buffer: str, m: int | str, min_m: int) -> None:
-    """Mark a packed dense kernel's loops for PrefetchNextPanel: `k_steps` (the compute's k loop
-    inside a K block of tile_k) is split into blocks of EVERY steps. Only calls whose M (a
-    constant, or the name of the symbolic var) is at least `min_m` prefetch."""
-    blocks, _ = sch.split(k_steps, [None, EVERY])
-    sch.annotate(rows, ROWS, 1)
-    sch.annotate(k_blocks, BLOCKS, 1)
-    sch.annotate(blocks, STEPS, {"k": k, "tile_k": tile_k, "tile_n": tile_n, "size": weight_floats,
-                                 "buffer": buffer, "m": m, "min_m": min_m})
 
 
 def _index(loop: tir_stmt.For | None, dtype: str) -> tvm.ir.Expr:

@@ -53,8 +53,8 @@ import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import always, in_scope, rebuild_loops, sequence, statements, uses, with_body
-from tf_dietcode.tuning.remainder_rows import row_count
+from tf_dietcode.tuning.tir_passes.ir import (always, in_scope, rebuild_loops, row_count, sequence, statements, uses,
+                                              with_body)
 
 
 def _is(operand, var: tirx.Var) -> bool:

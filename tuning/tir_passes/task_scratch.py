@@ -21,9 +21,8 @@ import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import sequence, statements, uses, with_body
-
-LAUNCH_POINT = "pragma_parallel_launch_point"  # codegen_cpu.cc: the parallel tasks start here
+from tf_dietcode.tuning.tir_passes.ir import sequence, statements, uses, with_body
+from tf_dietcode.tuning.tir_passes.markers import LAUNCH_POINT
 
 
 def allocate_per_task(loop: tir_stmt.For) -> tir_stmt.Stmt:

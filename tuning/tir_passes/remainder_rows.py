@@ -35,25 +35,8 @@ import tvm_ffi
 from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import (always, fresh_vars, in_scope, rebuild_loops, sequence, statements,
-                                              substituted, with_body)
-from tf_dietcode.tuning.micro_kernel import MAX_TILE_ROWS
-
-
-def row_count(write_back: tir_stmt.Stmt, scope=None):
-    """(C, the count) for a loop over `min(C, E)` rows with 2 <= C <= MAX_TILE_ROWS (a larger count
-    is not a register tile's write-back), or, given the `scope`, over E rows that it bounds by such
-    a C (the smallest); else None."""
-    if not isinstance(write_back, tir_stmt.For) or isinstance(write_back.extent, tirx.IntImm):
-        return None
-    if not isinstance(write_back.extent, tirx.Min):
-        bound = next((rows for rows in range(2, MAX_TILE_ROWS + 1)
-                      if scope is not None and always(scope, write_back.extent <= rows)), None)
-        return None if bound is None else (bound, write_back.extent)
-    constant = [term for term in (write_back.extent.a, write_back.extent.b) if isinstance(term, tirx.IntImm)]
-    if len(constant) != 1 or not 2 <= int(constant[0]) <= MAX_TILE_ROWS:
-        return None
-    return int(constant[0]), write_back.extent
+from tf_dietcode.tuning.tir_passes.ir import (always, fresh_vars, in_scope, rebuild_loops, row_count, sequence,
+                                              statements, substituted, with_body)
 
 
 def _writes_only_its_own(statements_: list[tir_stmt.Stmt]) -> bool:

@@ -25,18 +25,8 @@ import tvm_ffi
 from tvm import tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import fresh_vars, loops, rebuild_loops, substituted
-
-SMALL_REDUCTIONS = 5  # sizes 1..5 of a dynamic reduction get copies of their own (the compile time says why)
-VERSIONS = "tf_dietcode.small_reductions"  # function attribute: {"dims": names, "sizes": the sizes to copy}
-
-
-def versions_attribute(dims: list[str], dim_range: range) -> dict:
-    """The function attribute asking for copies of the kernel's loop with the dims named (a dynamic K
-    and the dims tied to it) fixed to each size up to SMALL_REDUCTIONS that lies in `dim_range`."""
-    sizes = [size for size in range(1, SMALL_REDUCTIONS + 1) if size in dim_range]
-    return {VERSIONS: {"dims": dims, "sizes": sizes}} if sizes else {}
-
+from tf_dietcode.tuning.tir_passes.ir import fresh_vars, loops, rebuild_loops, substituted
+from tf_dietcode.tuning.tir_passes.markers import VERSIONS
 
 def _versions(loop: tir_stmt.For, dims: list[tirx.Var], sizes: list[int]) -> tir_stmt.Stmt:
     """The loop as a chain of copies with `dims` fixed to each of `sizes`, the loop itself last."""

@@ -41,7 +41,7 @@ import tvm_ffi
 from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
-from tf_dietcode.tuning.guarded_loops import defined_vars, in_scope, loops, rebuild_loops, sequence, uses, with_body
+from tf_dietcode.tuning.tir_passes.ir import defined_vars, in_scope, loops, rebuild_loops, sequence, uses, with_body
 
 MIN_ROWS = 5
 _POINTER = tvm.ir.PointerType(tvm.ir.PrimType("float32"), "global")

@@ -23,7 +23,7 @@ from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
 from tf_dietcode.tuning import hardware
-from tf_dietcode.tuning.guarded_loops import (fresh_vars, integer_valued, loops, rebuild_loops, sequence,
+from tf_dietcode.tuning.tir_passes.ir import (fresh_vars, integer_valued, loops, rebuild_loops, sequence,
                                               statements, whole_vectors_up_to_a_bound, with_body)
 
 

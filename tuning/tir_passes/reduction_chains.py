@@ -21,8 +21,9 @@ from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
 from tf_dietcode.tuning import hardware
-from tf_dietcode.tuning.guarded_loops import fresh_vars, integer_valued, sequence, statements, substituted, with_body
-from tf_dietcode.tuning.register_tiles import ON_THE_STACK, reads
+from tf_dietcode.tuning.tir_passes.ir import (fresh_vars, integer_valued, reads, sequence, statements, substituted,
+                                              with_body)
+from tf_dietcode.tuning.tir_passes.markers import ON_THE_STACK
 
 CHAINS_IN_FLIGHT = 8  # FMA latency 4 x 2 FMA pipes (Zen 3; Intel since Skylake)
 

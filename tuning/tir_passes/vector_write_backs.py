@@ -27,7 +27,7 @@ from tvm import sym, tirx
 from tvm.tirx import stmt as tir_stmt
 
 from tf_dietcode.tuning import hardware
-from tf_dietcode.tuning.guarded_loops import (fresh_vars, rebuild_loops, sequence, statements, substituted, uses,
+from tf_dietcode.tuning.tir_passes.ir import (fresh_vars, rebuild_loops, sequence, statements, substituted, uses,
                                               whole_vectors_up_to_a_bound)
 from tf_dietcode.tuning.micro_kernel import MAX_TILE_ROWS
 
