@@ -158,7 +158,7 @@ def measure_modules(modules: list[tuple[MicroKernel, object]], device, workload:
     full timings of such kernels were about a third of all measuring time (cold dense
     layers at M = 2048 run 0.1-1 s).
 
-    Builds of one micro-kernel (bench.aot_pairs' symbolic and static) share their argument
+    Builds of one micro-kernel (bench.studies.aot_pairs' symbolic and static) share their argument
     tensors at a shape, so their ratio is the code's alone: four loaded copies of one static
     NN library at T = 1 (a 1.3 us kernel), each on tensors of its own, read 1.06-1.08x the
     time of the first listed, and 1.000-1.002x on shared tensors (2-vCPU Xeon, session 84).
