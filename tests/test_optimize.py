@@ -49,7 +49,7 @@ def test_every_dense_form_is_found_and_fused(optimized_encoder):
                         (False, DimRange(2, 4), DimRange(1, 12), DimRange(16, 16), DimRange(1, 12), ("m", "k"))}
     assert "dense (einsum): 8 / 8" in report.summary() and "attention (einsum): 4 / 4" in report.summary()
     assert "  layer norm: 2 / 2" in report.summary() and "  softmax: 2 / 2" in report.summary()
-    # every dim from the graph's own shapes (graph_rewrite.symbolic_shapes), none by running the model
+    # every dim from the graph's own shapes (graph_rewrite.analysis.symbolic_shapes), none by running the model
     assert sorted(set(report.dims.values())) == ["B = 2*x[0], M = x[1], K = x[1]", "B = 2*x[0], M = x[1], N = x[1]",
                                                  "M = x[0]", "M = x[0]*x[1]"]
     assert set(report.dims) == set(report.workloads) and "(M = x[0]*x[1])" in report.summary()
@@ -575,7 +575,7 @@ def test_signatures_of_one_computation_are_sized_and_rewritten_once(tmp_path, rn
     where the graph's shapes cannot size a layer, the model runs at the range corners for one
     of them only, and one rewritten function serves both, each still counted as fused and
     matching the original."""
-    from tf_dietcode.graph_rewrite import shape_ranges, symbolic_shapes
+    from tf_dietcode.graph_rewrite.analysis import shape_ranges, symbolic_shapes
 
     model = keras.Sequential([keras.Input((16,), name="x"), keras.layers.Dense(8)])
     model.export(str(tmp_path / "in"), verbose=False)

@@ -9,9 +9,9 @@ import sympy
 import tensorflow as tf
 
 import tf_dietcode
-from tf_dietcode.graph_rewrite import signature_graph
-from tf_dietcode.graph_rewrite.graph_index import GraphIndex
-from tf_dietcode.graph_rewrite.symbolic_shapes import SymbolicShapes
+from tf_dietcode.graph_rewrite.analysis import signature_graph
+from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex
+from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
 from tf_dietcode.tuning import search
 
 from conftest import TINY_TUNING_OPTIONS, shared_database

@@ -13,7 +13,6 @@ import dataclasses
 import math
 import pathlib
 import shutil
-import tempfile
 import uuid
 
 import keras
@@ -21,7 +20,8 @@ import tensorflow as tf
 from keras.src.models.functional import Functional  # what clone_model itself checks; Keras exports no name for it
 
 from tf_dietcode import bundle_store, ops
-from tf_dietcode.graph_rewrite import shape_ranges as input_ranges
+from tf_dietcode.graph_rewrite.analysis import shape_ranges as input_ranges
+from tf_dietcode.tuned_bundles import tune_and_install
 from tf_dietcode.tuning import hardware, micro_kernel
 from tf_dietcode.tuning.workload import Workload
 
@@ -172,11 +172,6 @@ def tune(model: keras.Model, shape_ranges: dict | list | None = None, *,
     as for `tf_dietcode.optimize`. Layers with the same workload share kernels.
     tuning: a `tf_dietcode.tuning.search.SearchOptions` (default: the full search).
     """
-    # The tuner (TVM, XGBoost) is imported here, not with the layer: loading and serving
-    # a model with DietDense layers needs only the op library.
-    from tf_dietcode.tuning.search import SearchOptions
-    from tf_dietcode.tuning.tune import tune as tune_workloads
-
     layers = [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, DietDense)]
     rows, notes = _row_ranges(model, shape_ranges, layers)
     report = TuningReport(notes=notes)
@@ -195,13 +190,8 @@ def tune(model: keras.Model, shape_ranges: dict | list | None = None, *,
             report.skipped[layer.path] = f"no micro-kernel splits its {layer.units} output columns exactly"
             continue
         workloads[layer] = report.tuned[layer.path] = workload
-    with tempfile.TemporaryDirectory(prefix="tf_dietcode-") as scratch:
-        bundles = {}
-        for i, workload in enumerate(dict.fromkeys(workloads.values())):
-            directory = pathlib.Path(scratch) / f"bundle_{i}"
-            tune_workloads([workload], directory, options=tuning or SearchOptions(), database=database,
-                           progress=progress)
-            bundles[workload] = bundle_store.install(directory)
+    bundles = {workload: tune_and_install([workload], options=tuning, database=database, progress=progress).manifest
+               for workload in dict.fromkeys(workloads.values())}
     for layer, workload in workloads.items():
         layer.use_bundle(bundles[workload])
     model.train_function = model.test_function = model.predict_function = None  # retraced with the bundles

@@ -10,23 +10,24 @@ bundle travels in the output's assets/, and the output appears atomically.
 import collections
 import dataclasses
 import hashlib
-import json
-import math
 import pathlib
 import shutil
 import tempfile
+from collections.abc import Callable
 
+import numpy as np
 import tensorflow as tf
 
 from tf_dietcode import bundle_store, endpoints, serving_warmup
 from tf_dietcode.atomic_output import atomic_directory
-from tf_dietcode.graph_rewrite import (attention_patterns, dense_patterns, horizontal_fusion, layer_norm_patterns,
-                                       rewrite, shape_ranges, signature_graph, softmax_patterns)
-from tf_dietcode.graph_rewrite.graph_index import GraphIndex
-from tf_dietcode.graph_rewrite.symbolic_shapes import SymbolicShapes
+from tf_dietcode.graph_rewrite import fusions, splice
+from tf_dietcode.graph_rewrite.analysis import shape_ranges, signature_graph
+from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex
+from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
+from tf_dietcode.graph_rewrite.fusions.contract import Found, LeftAlone, Switches, TunedFusion
 from tf_dietcode.op_library import load_op_library
+from tf_dietcode.tuned_bundles import tune_and_install
 from tf_dietcode.tuning import hardware, search
-from tf_dietcode.tuning.templates import dense
 from tf_dietcode.tuning.workload import Workload
 
 
@@ -37,10 +38,12 @@ class Report:
     notes: list[str]
     found: collections.Counter                            # per form
     fused: collections.Counter
-    left_alone: list[dense_patterns.LeftAlone]
+    left_alone: list[LeftAlone]
     workloads: list[Workload]
-    merged: tuple[int, int] = (0, 0)                      # GEMMs merged by horizontal fusion, into how many
-    horizontal_fusion: bool = False                       # whether the pass ran
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)  # form -> how the summary names it
+    # per kind: how many of its patterns were merged into shared ops (horizontal fusion's GEMMs), into how many
+    merged_by_kind: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    switches: Switches = Switches()
     dims: dict[Workload, str] = dataclasses.field(default_factory=dict)  # its dims as the graph computes them
     output_dir: str | None = None
     warmup_requests: int = 0                              # in assets.extra/, for TF Serving
@@ -52,20 +55,23 @@ class Report:
                                              or "scalar") for name, dims in inputs.items()]
         lines += [f"note: {note}" for note in self.notes]
         lines.append("patterns (found / fused):")
-        own_forms = ("attention", layer_norm_patterns.FORM, softmax_patterns.FORM)  # the rest are dense forms
-        lines += [f"  {form if form.startswith(own_forms) else f'dense ({form})'}: "
-                  f"{count} / {self.fused[form]}" for form, count in sorted(self.found.items())]
+        lines += [f"  {self.labels[form]}: {count} / {self.fused[form]}" for form, count in sorted(self.found.items())]
         lines += [f"  left alone: {p.form} {p.node}: {p.reason}"  # signatures of one computation name it alike
                   for p in dict.fromkeys(self.left_alone)]
-        lines.append("horizontal fusion: {} GEMMs sharing an input merged into {}".format(*self.merged)
-                     if self.horizontal_fusion else "horizontal fusion: off (the default; horizontal_fusion=True or "
-                     "--horizontal_fusion merges dense layers that read the same input)")
+        lines += [line for fusion in fusions.FUSIONS
+                  for line in fusion.summary(self.merged_by_kind.get(fusion.name, (0, 0)), self.switches)]
         lines.append(f"workloads tuned: {len(self.workloads)}")
         lines += [f"  {w.describe()}" + (f" ({self.dims[w]})" if w in self.dims else "") for w in self.workloads]
         if self.output_dir:
             lines.append(f"written to {self.output_dir}, with {self.warmup_requests} TF Serving warm-up requests "
                          f"in {serving_warmup.WARMUP_FILE}")
         return "\n".join(lines)
+
+    @property
+    def merged(self) -> tuple[int, int]:
+        """Patterns merged into shared ops, and into how many ops, of every kind."""
+        counts = self.merged_by_kind.values()
+        return sum(patterns for patterns, _ in counts), sum(shared for _, shared in counts)
 
 
 def _computation(graph: signature_graph.SignatureGraph) -> tuple:
@@ -77,40 +83,6 @@ def _computation(graph: signature_graph.SignatureGraph) -> tuple:
         node.attr.pop("_user_specified_name", None)
     return (graph_def.SerializeToString(deterministic=True), repr(graph.input_specs), repr(graph.input_tensors),
             tuple((name, id(t)) for name, t in sorted(graph.captures.items())))
-
-
-def _dense_workload(layer: horizontal_fusion.DenseGroup, rows: tuple[int, int], cold_weight: bool) -> Workload:
-    return Workload("dense", (max(rows[0], 1), max(rows[1], 1)), layer.n, layer.k,
-                    bias=layer.has_bias, activation=layer.activation, cold_weight=cold_weight, groups=layer.groups,
-                    weight_layout="packed" if layer.groups > 1 else "any")
-
-
-def _attention_workload(match: attention_patterns.AttentionMatch, ranges: dict, same_size: dict) -> Workload:
-    """The product's workload from the ranges of its dims.
-
-    Dynamic dims are one shape variable where `same_size` gives them the same key: their
-    expression when the graph's shapes sized them (attention's rows and columns both follow
-    the sequence length), else their range; the largest such group is tied.
-    """
-    groups = collections.defaultdict(list)
-    for d, (lo, hi) in ranges.items():
-        if lo != hi:
-            groups[same_size[d]].append(d)
-    ties = max(groups.values(), key=len, default=[])
-    return Workload("batch_matmul", ranges["m"], ranges["n"], ranges["k"], b=ranges["b"],
-                    transpose_b=match.adj_y, bias=match.addend is not None,
-                    ties=tuple(ties) if len(ties) > 1 else ())
-
-
-def _symbolic_product_dims(match: attention_patterns.AttentionMatch, shapes: SymbolicShapes) -> dict | None:
-    """b, m, n, k of an attention product as expressions of the input dims, or None."""
-    x, y = shapes.shape(match.x), shapes.shape(match.y)
-    if x is None or y is None or None in x or None in y:
-        return None
-    try:
-        return {d: shapes.canonical(e) for d, e in attention_patterns.product_dims(match, x, y).items()}
-    except ValueError:
-        return None
 
 
 def _left_running_note(node: str, op: str, xla: bool) -> str:
@@ -131,8 +103,8 @@ class Converter:
         if not tf.saved_model.contains_saved_model(str(self.input_dir)):
             raise ValueError(f"{self.input_dir} is not a SavedModel directory")
         self.tags, self.signature_keys, self.shape_ranges = list(tags), signature_keys, shape_ranges
-        self.tuning, self.database, self.horizontal_fusion = tuning, database, horizontal_fusion
-        self.layer_norm_fusion = layer_norm_fusion
+        self.tuning, self.database = tuning, database
+        self.switches = Switches(horizontal_fusion=horizontal_fusion, layer_norm_fusion=layer_norm_fusion)
         self._converted = self._built = False
         self._bundle_manifest: pathlib.Path | None = None
 
@@ -150,35 +122,53 @@ class Converter:
         resources = signature_graph.resources_of(self.loaded)
         self.graphs = [signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys]
         self._computations = {graph.key: _computation(graph) for graph in self.graphs}
-        self.dense_layers, self.attention, self.layer_norms, self.softmaxes = {}, {}, {}, {}
+        self.found: dict[str, dict[str, Found]] = {}  # signature -> fusion kind -> what it found there
         self.ranges, self._indexes, self._range_notes = {}, {}, []
-        notes, left, found = [], [], collections.Counter()
-        lanes = hardware.detect().vector_lanes
+        notes, left, found, labels = [], [], collections.Counter(), {}
+        in_bodies = set().union(*(fusion.ops_in_bodies for fusion in fusions.FUSIONS))
         for graph in self.graphs:
             captured = {name: resources[id(t)].numpy() for name, t in graph.captures.items()
                         if isinstance(resources.get(id(t)), tf.Variable)}
             index = self._indexes[graph.key] = GraphIndex(graph.graph_def, captured)
-            matches, left_alone = dense_patterns.find(index)
-            self.dense_layers[graph.key] = horizontal_fusion.group(matches, self.horizontal_fusion, lanes)
-            left += left_alone
-            self.attention[graph.key] = attention_patterns.find(index)
             provisional, _ = shape_ranges.resolve(graph.input_specs, self.shape_ranges)
             shapes = SymbolicShapes(index, graph.input_tensors, provisional)
-            self.layer_norms[graph.key] = layer_norm_patterns.find(index, shapes.shape) if self.layer_norm_fusion else []
-            self.softmaxes[graph.key] = softmax_patterns.find(index)
-            found.update(m.form for m in [*matches, *self._matches_besides_dense(graph.key)])
+            self.found[graph.key] = {fusion.name: fusion.find(index, shapes, self.switches)
+                                     for fusion in fusions.FUSIONS}
+            for fusion, match in self._matches(graph.key):
+                found.update(fusion.forms(match))
+                labels.update((form, fusion.label(form)) for form in fusion.forms(match))
+            left += [p for result in self.found[graph.key].values() for p in result.left_alone]
             maxima = shapes.declared_maxima()
             self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges, maxima)
             self._range_notes += [f"{graph.key}: {note}" for note in graph_notes]
             notes += [f"{graph.key}: {_left_running_note(*call)}"
-                      for call in signature_graph.calls_left_running(graph.graph_def, set(dense_patterns.CORES))]
+                      for call in signature_graph.calls_left_running(graph.graph_def, in_bodies)]
         self._resources = resources
-        groups = [g for layers in self.dense_layers.values() for g in layers if len(g.members) > 1]
         self.report = Report(keys, self.ranges, self._range_notes + notes, found, collections.Counter(), left, [],
-                             merged=(sum(len(g.members) for g in groups), len(groups)),
-                             horizontal_fusion=self.horizontal_fusion)
+                             labels, self._merged(), self.switches)
         self._converted = True
         return self
+
+    def _matches(self, key: str, kinds: type = object) -> list[tuple]:
+        """(fusion, match) for every match in a signature, the kinds in the registry's order;
+        only those of fusions of type `kinds`."""
+        return [(fusion, match) for fusion in fusions.FUSIONS if isinstance(fusion, kinds)
+                for match in self.found[key][fusion.name].matches]
+
+    def _merged(self) -> dict[str, tuple[int, int]]:
+        """Per kind: how many of its patterns were merged into shared ops, and into how many."""
+        merged = {fusion.name: (0, 0) for fusion in fusions.FUSIONS}
+        for key in self.found:
+            for fusion, match in self._matches(key):
+                forms = fusion.forms(match)
+                if len(forms) > 1:
+                    patterns, shared = merged[fusion.name]
+                    merged[fusion.name] = (patterns + len(forms), shared + 1)
+        return merged
+
+    def _tuned(self, key: str) -> list[tuple[TunedFusion, object]]:
+        """(fusion, match) for the matches of a signature whose ops run tuned kernels."""
+        return [(fusion, match) for fusion, match in self._matches(key, TunedFusion) if fusion.tuned(match)]
 
     def build(self, input_fn=None) -> "Converter":
         """Tunes every distinct workload; with `input_fn` (yielding dicts of inputs), the shape
@@ -191,50 +181,37 @@ class Converter:
             self.ranges = {g.key: shape_ranges.from_examples(g.input_specs, self._examples) for g in self.graphs}
             self.report.ranges = self.ranges
             self.report.notes = [note for note in self.report.notes if note not in self._range_notes]
-        self._workloads, self._built = {}, True
+        self._workloads, self._kernels, self._built = {}, {}, True
         cold_weights = self._cold_weights()
         corners_seen = {}  # Keras exports "serve" and "serving_default" alike: run the model at its corners once
         for graph in self.graphs:
-            dense_layers = self.dense_layers[graph.key]
-            products = [a for a in self.attention[graph.key] if not a.adj_x]  # tuned kernels read x as is
-            if dense_layers or products:
-                self._workloads.update(self._sized_by_graph(graph, dense_layers, products, cold_weights)
-                                       or self._sized_at_corners(graph, dense_layers, products, cold_weights,
-                                                                 corners_seen))
+            tuned = self._tuned(graph.key)
+            if tuned:
+                self._workloads.update(self._sized_by_graph(graph, tuned, cold_weights)
+                                       or self._sized_at_corners(graph, tuned, cold_weights, corners_seen))
         workloads = list(dict.fromkeys(self._workloads.values()))
         self.report.workloads = workloads
         if not workloads:
             return self
-        from tf_dietcode.tuning.tune import tune
-
         self._tuning_dir = tempfile.TemporaryDirectory(prefix="tf_dietcode-")  # removed with the converter
-        tuned_dir = pathlib.Path(self._tuning_dir.name) / "tuned"
-        manifest = tune(workloads, tuned_dir, options=self.tuning, database=self.database).manifest
         # Named by content in the output's assets/ (bundle_store's docstring says why).
-        self._bundle_manifest = bundle_store.install(tuned_dir, store=pathlib.Path(self._tuning_dir.name) / "bundle")
-        self._layouts = {w: entry.get("weight_layout") for w, entry in zip(workloads, manifest["workloads"])}
+        bundle = tune_and_install(workloads, pathlib.Path(self._tuning_dir.name) / "bundle", options=self.tuning,
+                                  database=self.database)
+        self._bundle_manifest, self._kernels = bundle.manifest, bundle.kernels
         return self
 
-    def _sized_by_graph(self, graph, dense_layers, products, cold_weights: bool) -> dict | None:
-        """Workloads sized from the graph's symbolic shapes (graph_rewrite.symbolic_shapes), or
-        None where some dim does not follow from them."""
+    def _sized_by_graph(self, graph, tuned: list, cold_weights: bool) -> dict | None:
+        """Workloads sized from the graph's symbolic shapes (graph_rewrite.analysis.symbolic_shapes),
+        or None where some dim does not follow from them."""
         shapes = SymbolicShapes(self._indexes[graph.key], graph.input_tensors, self.ranges[graph.key])
         sized, described = {}, {}
-        for layer in dense_layers:
-            x = shapes.shape(layer.x)
-            rows = None if x is None or None in x else shapes.canonical(math.prod(x) / layer.k)
-            if shapes.range_of(rows) is None:
-                return self._not_sized_by_graph(graph, layer.core)
-            workload = sized[(graph.key, layer.core)] = _dense_workload(layer, shapes.range_of(rows), cold_weights)
-            described.setdefault(workload, f"M = {rows}")
-        for match in products:
-            dims = _symbolic_product_dims(match, shapes)
-            ranges = {d: shapes.range_of(e) for d, e in (dims or {}).items()}
-            if dims is None or None in ranges.values():
+        for fusion, match in tuned:
+            result = fusion.sized_by_graph(match, shapes, cold_weights)
+            if result is None:
                 return self._not_sized_by_graph(graph, match.core)
-            workload = sized[(graph.key, match.core)] = _attention_workload(match, ranges, dims)
-            described.setdefault(workload, ", ".join(f"{d.upper()} = {e}" for d, e in dims.items()
-                                                     if ranges[d][0] != ranges[d][1]))
+            workload, text = result
+            sized[(graph.key, match.core)] = workload
+            described.setdefault(workload, text)
         for workload, text in described.items():
             self.report.dims.setdefault(workload, text)
         return sized
@@ -243,12 +220,11 @@ class Converter:
         self.report.notes.append(f"{graph.key}: the dims of {core} do not follow from the graph's shapes; "
                                  "its layers are sized by running the model at the corners of the ranges")
 
-    def _sized_at_corners(self, graph, dense_layers, products, cold_weights: bool, corners_seen: dict) -> dict:
+    def _sized_at_corners(self, graph, tuned: list, cold_weights: bool, corners_seen: dict) -> dict:
         """Workloads sized by running the model on zero inputs at the lowest and highest corner of
         the ranges, and on input_fn's inputs (once per computation: `corners_seen`)."""
-        tensors = {**{f"dense_{i}": m.x for i, m in enumerate(dense_layers)},
-                   **{f"x_{i}": a.x for i, a in enumerate(products)},
-                   **{f"y_{i}": a.y for i, a in enumerate(products)}}
+        tensors = {f"{name}_{i}": tensor for i, (fusion, match) in enumerate(tuned)
+                   for name, tensor in fusion.operands(match).items()}
         seen = (self._computations[graph.key], repr(tensors), repr(self.ranges[graph.key]))
         first_run = seen not in corners_seen
         if first_run:
@@ -257,16 +233,10 @@ class Converter:
             corners_seen[seen] = shape_ranges.observed_shapes(operands, graph.input_specs, self.ranges[graph.key],
                                                               self._examples)
         observed, sized, fixed = corners_seen[seen], {}, []
-        for i, layer in enumerate(dense_layers):
-            rows = shape_ranges.row_range(observed[f"dense_{i}"], layer.k)
-            sized[(graph.key, layer.core)] = _dense_workload(layer, rows, cold_weights)
-            fixed += [layer.core] if rows[0] == rows[1] else []
-        for i, match in enumerate(products):
-            runs = [attention_patterns.product_dims(match, x, y)
-                    for x, y in zip(observed[f"x_{i}"], observed[f"y_{i}"])]
-            ranges = {d: (min(run[d] for run in runs), max(run[d] for run in runs)) for d in runs[0]}
-            sized[(graph.key, match.core)] = _attention_workload(match, ranges, ranges)
-            fixed += [match.core] if all(lo == hi for lo, hi in ranges.values()) else []
+        for i, (fusion, match) in enumerate(tuned):
+            shapes = {name: observed[f"{name}_{i}"] for name in fusion.operands(match)}
+            sized[(graph.key, match.core)], one_size = fusion.sized_at_corners(match, shapes, cold_weights)
+            fixed += [match.core] if one_size else []
         if first_run:
             self._note_fixed_on_zeros(graph, fixed)
         return sized
@@ -285,8 +255,8 @@ class Converter:
     def _cold_weights(self) -> bool:
         """Whether one call of a signature reads more dense weights than the last-level cache
         holds, so that every call streams them from DRAM: its kernels are then tuned cold."""
-        weight_bytes = max((sum(layer.weight.nbytes for layer in layers) for layers in self.dense_layers.values()),
-                           default=0)
+        weight_bytes = max((sum(fusion.weight_bytes(match) for fusion, match in self._tuned(key))
+                            for key in self.found), default=0)
         hw = hardware.detect()
         if hw.holds_in_cache(weight_bytes):
             return False
@@ -338,7 +308,7 @@ class Converter:
         module.resources_kept, module.dense_weights, self._signatures = [], [], {}
         module.assets_kept = signature_graph.assets_of(self.loaded)
         module.tf1_initializer = signature_graph.tf1_initializer(self.loaded)
-        self._weights_by_content: dict[tuple, tuple[tf.Variable, int]] = {}  # signatures share layers
+        self._weights_by_content: dict[tuple, tf.Variable] = {}  # signatures share layers
         self.report.fused = collections.Counter()  # counted afresh by every save()
         if self._bundle_manifest is not None:  # set only when there were workloads to tune
             manifest, library = bundle_store.files(self._bundle_manifest)
@@ -359,65 +329,61 @@ class Converter:
             own = endpoints.endpoint(self.loaded, graph.key, rewritten_functions[computation], list(graph.input_specs))
             if own is not None and not hasattr(module, graph.key):  # Keras' `serve`, called as loaded.serve(x)
                 setattr(module, graph.key, own)
-            self.report.fused.update(m.form for layer in self.dense_layers[graph.key] for m in layer.members)
-            self.report.fused.update(m.form for m in self._matches_besides_dense(graph.key))
+            self.report.fused.update(form for fusion, match in self._matches(graph.key) for form in fusion.forms(match))
         return module
-
-    def _matches_besides_dense(self, key: str) -> list:
-        return [*self.attention[key], *self.layer_norms[key], *self.softmaxes[key]]
 
     def _rewrite(self, graph: signature_graph.SignatureGraph, module: tf.Module) -> signature_graph.SignatureGraph:
         """The signature with every match spliced in as a fused op."""
         graph_def, captures, outputs = tf.compat.v1.GraphDef(), dict(graph.captures), dict(graph.output_tensors)
         graph_def.CopyFrom(graph.graph_def)
-        dense_layers, attention_matches = self.dense_layers[graph.key], self.attention[graph.key]
         if hasattr(module, "bundle_manifest"):
-            rewrite.add_placeholder(graph_def, rewrite.BUNDLE_PLACEHOLDER, tf.string)
-            captures[rewrite.BUNDLE_PLACEHOLDER] = module.bundle_manifest.asset_path
+            splice.add_placeholder(graph_def, splice.BUNDLE_PLACEHOLDER, tf.string)
+            captures[splice.BUNDLE_PLACEHOLDER] = module.bundle_manifest.asset_path
         else:  # nothing tuned: every op runs the generic kernel
-            rewrite.add_string_constant(graph_def, rewrite.BUNDLE_PLACEHOLDER, "")
+            splice.add_string_constant(graph_def, splice.BUNDLE_PLACEHOLDER, "")
+        kernels = {core: self._kernels[workload] for (key, core), workload in self._workloads.items()
+                   if key == graph.key}
+        binding = _Binding(graph_def, captures, kernels, lambda value: self._variable(value, module))
         replaced: dict[str, str] = {}
-        bundle = f"{rewrite.BUNDLE_PLACEHOLDER}:0"
-
-        def splice(matches, replacement, bound, prefix):
-            new = rewrite.splice(graph_def, replacement, bound, prefix,
-                                 {m.output: f"out_{i}" for i, m in enumerate(matches)}, replaced)
-            outputs.update({k: new[v] for k, v in outputs.items() if v in new})
-
-        for i, layer in enumerate(dense_layers):
-            placeholder = f"dietcode/packed_{i}"
-            rewrite.add_placeholder(graph_def, placeholder, tf.resource)
-            weight, packed_n = self._weight_operand(layer, self._workloads[(graph.key, layer.core)], module)
-            captures[placeholder] = weight.handle
-            members = {f"{name}_{j}": tensor for j, m in enumerate(layer.members)
-                       for name, tensor in (("bias", m.bias), ("out_shape", m.out_shape))}
-            splice(layer.members, rewrite.dense_replacement(layer, packed_n),
-                   {"x": layer.x, "packed": f"{placeholder}:0", "bundle": bundle, **members}, f"dietcode/dense_{i}")
-        for i, match in enumerate(attention_matches):
-            splice([match], rewrite.attention_replacement(match),
-                   {"x": match.x, "y": match.y, "addend": match.addend, "bundle": bundle}, f"dietcode/attention_{i}")
-        for i, match in enumerate(self.layer_norms[graph.key]):
-            splice([match], rewrite.layer_norm_replacement(match),
-                   {"x": match.x, "gamma": match.gamma, "beta": match.beta, "residual": match.residual},
-                   f"dietcode/layer_norm_{i}")
-        softmax = rewrite.softmax_replacement()
-        for i, match in enumerate(self.softmaxes[graph.key]):
-            splice([match], softmax, {"x": match.x}, f"dietcode/softmax_{i}")
+        for fusion in fusions.FUSIONS:
+            for i, match in enumerate(self.found[graph.key][fusion.name].matches):
+                replacement = fusion.replacement(match, binding)
+                new = splice.splice(graph_def, replacement.graph_def, replacement.bound, f"dietcode/{fusion.name}_{i}",
+                                    {tensor: f"out_{j}" for j, tensor in enumerate(replacement.outputs)}, replaced)
+                outputs.update({k: new[v] for k, v in outputs.items() if v in new})
         return signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, outputs,
                                               captures, graph_def)
 
-    def _weight_operand(self, match: horizontal_fusion.DenseGroup, workload: Workload,
-                        module: tf.Module) -> tuple[tf.Variable, int]:
-        """The layer's weight in its kernels' layout, as a variable (one per distinct weight and
-        layout), and the op's packed_n (0: read in place as [K, N])."""
-        layout = self._layouts[workload]
-        key = (hashlib.sha1(match.weight.tobytes()).hexdigest(), match.weight.shape, json.dumps(layout))
-        if key not in self._weights_by_content:  # packed once, however many signatures share it
-            value, packed_n = dense.weight_operand(match.weight.T, layout)
+    def _variable(self, value: np.ndarray, module: tf.Module) -> tf.Variable:
+        """A variable holding `value` (a layer's weight in its kernels' layout), made once however
+        many signatures and layers read it."""
+        key = (hashlib.sha1(value.tobytes()).hexdigest(), value.shape, value.dtype.str)
+        if key not in self._weights_by_content:
             variable = tf.Variable(value, trainable=False, name=f"dietcode_weight_{len(self._weights_by_content)}")
             module.dense_weights.append(variable)
-            self._weights_by_content[key] = variable, packed_n
+            self._weights_by_content[key] = variable
         return self._weights_by_content[key]
+
+
+@dataclasses.dataclass
+class _Binding:
+    """contract.Binding for the rewrite of one signature (_rewrite adds the bundle's node)."""
+    graph_def: tf.compat.v1.GraphDef
+    captures: dict[str, tf.Tensor]
+    kernels_by_core: dict[str, dict]                   # the manifest's entry of each tuned match's workload
+    variable_of: Callable[[np.ndarray], tf.Variable]  # the output's variable holding a value
+    bundle: str = f"{splice.BUNDLE_PLACEHOLDER}:0"
+    bound: int = 0                                     # variables bound so far
+
+    def kernels(self, match) -> dict:
+        return self.kernels_by_core[match.core]
+
+    def variable(self, value: np.ndarray) -> str:
+        placeholder = f"dietcode/packed_{self.bound}"
+        self.bound += 1
+        splice.add_placeholder(self.graph_def, placeholder, tf.resource)
+        self.captures[placeholder] = self.variable_of(value).handle
+        return f"{placeholder}:0"
 
 
 def _save(module: tf.Module, directory: pathlib.Path, signatures: dict, notes: list[str]) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
-from tf_dietcode.graph_rewrite.shape_ranges import DimRanges
+from tf_dietcode.graph_rewrite.analysis.shape_ranges import DimRanges
 
 WARMUP_FILE = pathlib.Path("assets.extra") / "tf_serving_warmup_requests"
 POINTS = 4   # shapes per signature, from the lowest to the highest corner of its ranges

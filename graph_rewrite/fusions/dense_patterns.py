@@ -18,8 +18,9 @@ import math
 
 import numpy as np
 
-from tf_dietcode.graph_rewrite import activation_patterns
-from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
+from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, tensor_name
+from tf_dietcode.graph_rewrite.fusions import activation_patterns
+from tf_dietcode.graph_rewrite.fusions.contract import LeftAlone
 
 SIMPLE_ACTIVATIONS = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid"}
 
@@ -55,13 +56,6 @@ class DenseMatch(WeightDims):
 
     def __post_init__(self):
         self.source = self.source or self.x
-
-
-@dataclasses.dataclass(frozen=True)
-class LeftAlone:
-    form: str
-    node: str
-    reason: str
 
 
 def find(index: GraphIndex) -> tuple[list[DenseMatch], list[LeftAlone]]:

@@ -20,14 +20,27 @@ Either way a scalar Mul (or a division by a scalar) on the left operand or on
 the product becomes alpha (Keras 3's MultiHeadAttention scales the scores,
 hand-written BERTs the query or the scores before the mask, Hugging Face's
 divide the scores). Every folded node must be read by nothing else.
+
+Each product becomes one DietcodeFusedBatchMatMulAdd or ...Transpose; its
+workload is the product's b (all batch matrices), m, n and k, the dynamic
+ones tied where they follow one size (attention's rows and columns both
+follow the sequence length). Products that read x transposed run the generic
+kernel only: tuned kernels read x as is.
 """
 
+import collections
 import dataclasses
 import math
 
 import numpy as np
+import tensorflow as tf
 
-from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
+from tf_dietcode import ops
+from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, tensor_name
+from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
+from tf_dietcode.graph_rewrite.fusions.contract import Binding, Found, Replacement, Switches, TunedFusion
+from tf_dietcode.graph_rewrite.splice import scratch_graph
+from tf_dietcode.tuning.workload import Workload
 
 
 @dataclasses.dataclass
@@ -174,7 +187,7 @@ def _batch_matmul(index: GraphIndex, node) -> AttentionMatch | None:
 
 def product_dims(match: AttentionMatch, x_shape: list, y_shape: list) -> dict:
     """The product's b (all batch matrices), m, n, k for operands of these shapes: sizes at a
-    corner of the shape ranges, or symbolic dims (graph_rewrite.symbolic_shapes)."""
+    corner of the shape ranges, or symbolic dims (graph_rewrite.analysis.symbolic_shapes)."""
     x = [x_shape[p] for p in match.x_perm] if match.x_perm else list(x_shape)
     y = [y_shape[p] for p in match.y_perm] if match.y_perm else list(y_shape)
     m, k = (x[-1], x[-2]) if match.adj_x else (x[-2], x[-1])
@@ -195,3 +208,94 @@ def _broadcast(a: list, b: list) -> list:
     if any(p != 1 and q != 1 and p != q for p, q in zip(a, b)):
         raise ValueError(f"batch dims {a} and {b} do not broadcast")
     return [q if p == 1 else p for p, q in zip(a, b)]
+
+
+class Attention(TunedFusion):
+    name = "attention"
+    ops_in_bodies = frozenset({"BatchMatMulV2", "Einsum"})
+
+    def find(self, index: GraphIndex, shapes: SymbolicShapes, switches: Switches) -> Found:
+        return Found(find(index))
+
+    def forms(self, match: AttentionMatch) -> tuple[str, ...]:
+        return (match.form,)
+
+    def tuned(self, match: AttentionMatch) -> bool:
+        return not match.adj_x  # tuned kernels read x as is
+
+    def operands(self, match: AttentionMatch) -> dict[str, str]:
+        return {"x": match.x, "y": match.y}
+
+    def sized_by_graph(self, match: AttentionMatch, shapes: SymbolicShapes,
+                       cold_weight: bool) -> tuple[Workload, str] | None:
+        dims = _symbolic_product_dims(match, shapes)
+        ranges = {d: shapes.range_of(e) for d, e in (dims or {}).items()}
+        if dims is None or None in ranges.values():
+            return None
+        return _workload(match, ranges, dims), ", ".join(f"{d.upper()} = {e}" for d, e in dims.items()
+                                                           if ranges[d][0] != ranges[d][1])
+
+    def sized_at_corners(self, match: AttentionMatch, observed: dict[str, list[list[int]]],
+                         cold_weight: bool) -> tuple[Workload, bool]:
+        runs = [product_dims(match, x, y) for x, y in zip(observed["x"], observed["y"])]
+        ranges = {d: (min(run[d] for run in runs), max(run[d] for run in runs)) for d in runs[0]}
+        return _workload(match, ranges, ranges), all(lo == hi for lo, hi in ranges.values())
+
+    def replacement(self, match: AttentionMatch, binding: Binding) -> Replacement:
+        bound = {"x": match.x, "y": match.y, "addend": match.addend, "bundle": binding.bundle}
+        return Replacement(_replacement_graph(match), bound, [match.output])
+
+
+def _workload(match: AttentionMatch, ranges: dict, same_size: dict) -> Workload:
+    """The product's workload from the ranges of its dims.
+
+    Dynamic dims are one shape variable where `same_size` gives them the same key: their
+    expression when the graph's shapes sized them (attention's rows and columns both follow
+    the sequence length), else their range; the largest such group is tied.
+    """
+    groups = collections.defaultdict(list)
+    for d, (lo, hi) in ranges.items():
+        if lo != hi:
+            groups[same_size[d]].append(d)
+    ties = max(groups.values(), key=len, default=[])
+    return Workload("batch_matmul", ranges["m"], ranges["n"], ranges["k"], b=ranges["b"],
+                    transpose_b=match.adj_y, bias=match.addend is not None,
+                    ties=tuple(ties) if len(ties) > 1 else ())
+
+
+def _symbolic_product_dims(match: AttentionMatch, shapes: SymbolicShapes) -> dict | None:
+    """b, m, n, k of a product as expressions of the input dims, or None."""
+    x, y = shapes.shape(match.x), shapes.shape(match.y)
+    if x is None or y is None or None in x or None in y:
+        return None
+    try:
+        return {d: shapes.canonical(e) for d, e in product_dims(match, x, y).items()}
+    except ValueError:
+        return None
+
+
+def _operand_layout(tensor: tf.Tensor, perm: list[int] | None) -> tuple[tf.Tensor, list[int] | None]:
+    """The operand and the perm the op reads it through: in place where the perm keeps the last
+    axis last, else transposed first (and read as is)."""
+    if perm is None or perm[-1] == len(perm) - 1:
+        return tensor, perm
+    return tf.transpose(tensor, perm), None
+
+
+def _replacement_graph(match: AttentionMatch) -> tf.compat.v1.GraphDef:
+    """alpha * op(x') @ op(y'), then + addend or transposed by perm, with x', y' the operands in
+    matmul layout (read in place through x_perm/y_perm where the op can, else transposed first);
+    placeholders x, y, addend and bundle."""
+    def build():
+        x = tf.compat.v1.placeholder(tf.float32, name="x")
+        y = tf.compat.v1.placeholder(tf.float32, name="y")
+        bundle = tf.compat.v1.placeholder(tf.string, [], name="bundle")
+        x, x_perm = _operand_layout(x, match.x_perm)
+        y, y_perm = _operand_layout(y, match.y_perm)
+        options = {"adj_x": match.adj_x, "adj_y": match.adj_y, "alpha": match.alpha, "x_perm": x_perm,
+                   "y_perm": y_perm, "bundle": bundle, "name": "out_0"}
+        if match.addend is not None:
+            ops.fused_batch_matmul_add(x, y, tf.compat.v1.placeholder(tf.float32, name="addend"), **options)
+        else:
+            ops.fused_batch_matmul_transpose(x, y, match.perm, **options)
+    return scratch_graph(build)

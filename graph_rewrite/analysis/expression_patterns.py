@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
+from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, tensor_name
 
 COMMUTATIVE = {"Mul", "AddV2"}
 SAME_OP = {"AddV2": {"AddV2", "Add"}}

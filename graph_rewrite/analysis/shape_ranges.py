@@ -26,7 +26,7 @@ def resolve(specs: dict[str, tf.TensorSpec], shape_ranges: dict | None,
     """(lo, hi) per dim of every input, and notes on the defaults used.
 
     declared_maxima: (input, axis) -> the largest size the model itself allows (a
-    position table it slices by that dim, graph_rewrite.symbolic_shapes); a dim
+    position table it slices by that dim, graph_rewrite.analysis.symbolic_shapes); a dim
     that neither the signature nor shape_ranges sizes goes up to it.
     """
     shape_ranges = dict(shape_ranges or {})

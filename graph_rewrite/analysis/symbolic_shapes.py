@@ -24,7 +24,7 @@ import string
 import numpy as np
 import sympy
 
-from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
+from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, tensor_name
 
 Dim = sympy.Expr | None
 Shape = tuple[Dim, ...] | None

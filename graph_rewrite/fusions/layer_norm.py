@@ -8,7 +8,7 @@ tf.nn.moments both compute
 
 Keras writes the second term as -mean * inv + beta, tf.nn as beta - mean *
 inv; tf.nn.moments stops the mean's gradient, a hand-written one may not.
-Each form is matched as an expression tree (graph_rewrite.expression_patterns)
+Each form is matched as an expression tree (graph_rewrite.analysis.expression_patterns)
 and replaced by one DietcodeLayerNorm when the reduction is over the last
 axis with kept dims, epsilon is a scalar constant and gamma and beta vary
 along the last axis only (read at run time: they stay variables). Where x is
@@ -22,9 +22,14 @@ import itertools
 from collections.abc import Callable
 
 import numpy as np
+import tensorflow as tf
 
-from tf_dietcode.graph_rewrite.expression_patterns import SAME_OP, Capture, matches, read_only_inside
-from tf_dietcode.graph_rewrite.graph_index import GraphIndex, tensor_name
+from tf_dietcode import ops
+from tf_dietcode.graph_rewrite.analysis.expression_patterns import SAME_OP, Capture, matches, read_only_inside
+from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, tensor_name
+from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
+from tf_dietcode.graph_rewrite.fusions.contract import Binding, Found, Fusion, Replacement, Switches
+from tf_dietcode.graph_rewrite.splice import scratch_graph
 
 FORM = "layer norm"
 X, GAMMA, BETA, EPSILON = Capture("x"), Capture("gamma"), Capture("beta"), Capture("epsilon")
@@ -123,3 +128,29 @@ def _known_shape(index: GraphIndex, tensor: str) -> list[int] | None:
         return shape
     value = index.value(tensor)
     return None if value is None else list(np.shape(value))
+
+
+class LayerNorm(Fusion):
+    """Layer norms as DietcodeLayerNorm (no tuned kernels); off with layer_norm_fusion=False."""
+    name = "layer_norm"
+
+    def find(self, index: GraphIndex, shapes: SymbolicShapes, switches: Switches) -> Found:
+        return Found(find(index, shapes.shape) if switches.layer_norm_fusion else [])
+
+    def forms(self, match: LayerNormMatch) -> tuple[str, ...]:
+        return (match.form,)
+
+    def replacement(self, match: LayerNormMatch, binding: Binding) -> Replacement:
+        bound = {"x": match.x, "gamma": match.gamma, "beta": match.beta, "residual": match.residual}
+        return Replacement(_replacement_graph(match), bound, [match.output])
+
+
+def _replacement_graph(match: LayerNormMatch) -> tf.compat.v1.GraphDef:
+    """One DietcodeLayerNorm over x's last axis; placeholders x, gamma and beta (the graph's
+    [1, ..., 1, depth] tensors, read as [depth]), and residual where the match has one."""
+    def build():
+        x, gamma, beta = (tf.compat.v1.placeholder(tf.float32, name=name) for name in ("x", "gamma", "beta"))
+        residual = tf.compat.v1.placeholder(tf.float32, name="residual") if match.residual else None
+        ops.layer_norm(x, tf.reshape(gamma, [-1]), tf.reshape(beta, [-1]), residual=residual,
+                       epsilon=match.epsilon, name="out_0")
+    return scratch_graph(build)

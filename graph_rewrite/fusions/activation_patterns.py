@@ -1,5 +1,5 @@
 """Activations TF emits as several ops, recognised by expression shape
-(graph_rewrite.expression_patterns), X standing for the activation's input.
+(graph_rewrite.analysis.expression_patterns), X standing for the activation's input.
 A match needs every node inside the tree to be read only by the tree, and X to
 be read only by it too, since the fused op replaces them all.
 
@@ -10,8 +10,8 @@ Activations:
 
 import math
 
-from tf_dietcode.graph_rewrite.expression_patterns import Capture, matches, read_only_inside
-from tf_dietcode.graph_rewrite.graph_index import GraphIndex
+from tf_dietcode.graph_rewrite.analysis.expression_patterns import Capture, matches, read_only_inside
+from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex
 
 X = Capture("x")
 

@@ -19,7 +19,7 @@ import functools
 
 import numpy as np
 
-from tf_dietcode.graph_rewrite.dense_patterns import DenseMatch, WeightDims
+from tf_dietcode.graph_rewrite.fusions.dense_patterns import DenseMatch, WeightDims
 
 
 @dataclasses.dataclass
