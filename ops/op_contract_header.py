@@ -57,6 +57,7 @@ inline constexpr char kActivationAttr[] =
 
 
 def write_header(contract_path: pathlib.Path, header_path: pathlib.Path) -> None:
+    """Writes the header for the JSON at contract_path (its folder made if need be)."""
     header_path.parent.mkdir(parents=True, exist_ok=True)
     header_path.write_text(header(json.loads(contract_path.read_text())))
 
