@@ -20,6 +20,9 @@ from setuptools.command.build_ext import build_ext
 ROOT = pathlib.Path(__file__).resolve().parent
 OP_LIBRARY = "tf_dietcode.libtf_dietcode_ops"
 BUILD_INFO = "build_info.json"
+# What C++ and Python agree on: compiled in as op_contract.h, shipped as package data
+# (tf_dietcode/op_contract.json links to it).
+OP_CONTRACT = ROOT / "ops" / "op_contract.json"
 
 
 # Installed package -> source folder: graph_rewrite/ and tuning/ install under tf_dietcode.
@@ -31,9 +34,9 @@ def _packages(name: str, folder: str) -> list[str]:
     return [name, *(f"{name}.{sub}" for sub in find_packages(str(ROOT / folder)))]
 
 
-def _cpu_features_module():
-    """tf_dietcode/cpu_features.py alone: the package itself is not built yet."""
-    spec = importlib.util.spec_from_file_location("cpu_features", ROOT / "tf_dietcode" / "cpu_features.py")
+def _load_alone(path: pathlib.Path):
+    """A standard-library-only module by its path: the package itself is not built yet."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -61,7 +64,11 @@ class BuildOpLibrary(build_ext):
         ffi_lib_dir = str(pathlib.Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent)
         tf_lib_dir = tf.sysconfig.get_lib()
         cxx = os.environ.get("CXX", "g++")
+        build_temp = pathlib.Path(self.build_temp)
+        generated = build_temp / "generated"
+        _load_alone(ROOT / "ops" / "op_contract_header.py").write_header(OP_CONTRACT, generated / "op_contract.h")
         cflags = [
+            "-I" + str(generated),
             *tf.sysconfig.get_compile_flags(),
             "-I" + tvm_ffi.libinfo.find_include_path(),
             "-I" + str(pathlib.Path(tvm.__file__).parent / "include"),
@@ -75,8 +82,6 @@ class BuildOpLibrary(build_ext):
             "-Wno-deprecated-declarations",
             *shlex.split(os.environ.get("TF_DIETCODE_CXXFLAGS", "")),
         ]
-        build_temp = pathlib.Path(self.build_temp)
-        build_temp.mkdir(parents=True, exist_ok=True)
         objects = [str(build_temp / (pathlib.Path(s).stem + ".o")) for s in ext.sources]
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
             list(pool.map(lambda so: _run([cxx, "-c", so[0], "-o", so[1], *cflags]),
@@ -97,7 +102,7 @@ class BuildOpLibrary(build_ext):
         ])
         # The loader refuses a library built for another TensorFlow or CPU.
         build_info = {"tensorflow": tf.__version__, "tvm": tvm.__version__,
-                      "cpu_features": _cpu_features_module().simd_features()}
+                      "cpu_features": _load_alone(ROOT / "tf_dietcode" / "cpu_features.py").simd_features()}
         (output.parent / BUILD_INFO).write_text(json.dumps(build_info))
 
     def copy_extensions_to_source(self):
@@ -115,6 +120,7 @@ setup(
     python_requires=">=3.11",
     packages=[package for name, folder in PACKAGE_DIR.items() for package in _packages(name, folder)],
     package_dir=PACKAGE_DIR,
+    package_data={"tf_dietcode": [OP_CONTRACT.name]},
     ext_modules=[Extension(OP_LIBRARY, sources=sorted(str(p.relative_to(ROOT)) for p in (ROOT / "ops").glob("*.cc")))],
     cmdclass={"build_ext": BuildOpLibrary},
     entry_points={"console_scripts": ["tf-dietcode=tf_dietcode.cli:main"]},

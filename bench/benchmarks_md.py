@@ -10,6 +10,7 @@ import platform
 from collections import defaultdict
 
 from bench.report import geomean, read, speedups
+from tf_dietcode import cpu_features
 from tf_dietcode.tuning import hardware
 
 PACKAGES = ("tensorflow", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "tf2onnx", "xgboost", "scikit-learn",
@@ -52,16 +53,8 @@ def cell(points) -> str:
 
 
 def machine() -> str:
-    cpu, flags = platform.processor() or "unknown", set()
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                cpu = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
+    cpu = cpu_features.cpuinfo_fields().get("model name") or platform.processor() or "unknown"
+    flags = cpu_features.cpu_flags()
     simd = [f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     versions = ", ".join(f"{p} {_version(p)}" for p in PACKAGES)

@@ -79,12 +79,9 @@ int64_t ContractionPlan::BatchOffset(const std::vector<int64_t>& batch_strides,
 }
 
 Activation ParseActivation(const std::string& name) {
-  if (name == "relu") return Activation::kRelu;
-  if (name == "tanh") return Activation::kTanh;
-  if (name == "sigmoid") return Activation::kSigmoid;
-  if (name == "gelu") return Activation::kGeluExact;
-  if (name == "gelu_tanh") return Activation::kGeluTanh;
-  if (name == "silu") return Activation::kSilu;
+  for (const ActivationName& known : kActivationNames) {
+    if (name == known.name) return known.activation;
+  }
   return Activation::kNone;
 }
 

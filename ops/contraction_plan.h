@@ -12,12 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "op_contract.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/platform/status.h"
 
 namespace tf_dietcode {
-
-enum class Activation { kNone, kRelu, kTanh, kSigmoid, kGeluExact, kGeluTanh, kSilu };
 
 // Parses the `activation` attr value; the attr's allowed list keeps it valid.
 Activation ParseActivation(const std::string& name);

@@ -35,7 +35,7 @@ void ApplyEpilogue(const ContractionPlan& plan, float* row, int64_t cols,
     case Activation::kSigmoid:
       r = r.logistic();
       break;
-    case Activation::kGeluExact:
+    case Activation::kGelu:  // the exact (erf) form
       r = 0.5f * r * (1.0f + (r * static_cast<float>(M_SQRT1_2)).erf());
       break;
     case Activation::kGeluTanh:

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "contraction_plan.h"
+#include "op_contract.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -208,8 +209,7 @@ REGISTER_OP("DietcodeFusedMatMul")
     .Attr("num_bias: int >= 0")
     .Attr("transpose_a: bool = false")
     .Attr("transpose_b: bool = false")
-    .Attr("activation: {'none', 'relu', 'tanh', 'sigmoid', 'gelu', "
-          "'gelu_tanh', 'silu'} = 'none'")
+    .Attr(kActivationAttr)
     .Attr("packed_n: int >= 0 = 0")
     .Attr("num_k_dims: int >= 1 = 1")
     .Attr("n_dims: list(int) = []")

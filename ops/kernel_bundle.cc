@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "op_contract.h"
 #include "openssl/sha.h"
 #include "tensorflow/core/platform/logging.h"
 #include "tvm/ffi/extra/json.h"
@@ -30,9 +31,6 @@ namespace {
 namespace json = tvm::ffi::json;
 using tvm::ffi::String;
 
-// 2: batch-matmul kernels take strided 4-D views and alpha; 3: dense weight
-// layouts say whether the weight is packed.
-constexpr int64_t kFormat = 3;
 constexpr char kManifest[] = "manifest.json";
 
 // Manifest problems are exceptions inside Load() and become problem_.
@@ -239,9 +237,9 @@ void KernelBundle::Load() {
       Reject(absl::StrCat("manifest is not JSON: ", std::string(parse_error)));
     }
     const auto manifest = parsed.cast<json::Object>();
-    if (Field<int64_t>(manifest, "format") != kFormat) {
+    if (Field<int64_t>(manifest, "format") != kBundleFormat) {
       Reject(absl::StrCat("manifest format ", Field<int64_t>(manifest, "format"),
-                          ", this library reads format ", kFormat));
+                          ", this library reads format ", kBundleFormat));
     }
     const std::string target_kind =
         Field<String>(Field<json::Object>(manifest, "target"), "kind");

@@ -47,3 +47,12 @@ def test_simd_features_read_from_cpuinfo(tmp_path):
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f mmx\n")
     assert cpu_features.simd_features(cpuinfo) == ["avx", "avx2", "avx512f", "fma", "sse4_2"]
     assert cpu_features.simd_features(tmp_path / "absent") == []
+
+
+def test_cpuinfo_fields_are_the_first_processors(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: CPU A\nflags\t\t: fpu avx\n\n"
+                       "processor\t: 1\nmodel name\t: CPU B\nflags\t\t: fpu\n")
+    assert cpu_features.cpuinfo_fields(cpuinfo)["model name"] == "CPU A"
+    assert cpu_features.cpu_flags(cpuinfo) == {"fpu", "avx"}
+    assert cpu_features.cpuinfo_fields(tmp_path / "absent") == {} and cpu_features.cpu_flags(tmp_path / "absent") == set()

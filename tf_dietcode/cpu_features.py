@@ -3,10 +3,15 @@
 The op library is compiled with -march=native, and tuned kernel bundles for
 one CPU; running either on a CPU without those instructions would die with
 SIGILL. Recording the features at build time lets the loader refuse instead.
-Plain Python with no imports from tf_dietcode, so setup.py can load it alone.
+The one reader of /proc/cpuinfo in Python (setup.py, the loader, the tuner's
+hardware limits, the benchmark report); the op library reads it in C++
+(kernel_bundle.cc) to check a bundle where no Python runs. Plain Python with
+no imports from tf_dietcode, so setup.py can load it alone.
 """
 
 import pathlib
+
+CPUINFO = pathlib.Path("/proc/cpuinfo")
 
 # Instruction-set flags (as /proc/cpuinfo spells them) that compilers emit code for.
 SIMD_FLAGS = frozenset({
@@ -16,14 +21,26 @@ SIMD_FLAGS = frozenset({
 })
 
 
-def simd_features(cpuinfo: pathlib.Path = pathlib.Path("/proc/cpuinfo")) -> list[str]:
-    """The SIMD flags of this CPU, sorted; empty where /proc/cpuinfo is absent."""
+def cpuinfo_fields(cpuinfo: pathlib.Path = CPUINFO) -> dict[str, str]:
+    """The first processor's fields ("model name", "flags", ...); empty where /proc/cpuinfo is absent."""
     if not cpuinfo.exists():
-        return []
+        return {}
+    fields: dict[str, str] = {}
     for line in cpuinfo.read_text().splitlines():
-        if line.startswith("flags"):
-            return sorted(SIMD_FLAGS & set(line.split(":", 1)[1].split()))
-    return []
+        key, colon, value = line.partition(":")
+        if colon:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_flags(cpuinfo: pathlib.Path = CPUINFO) -> set[str]:
+    """Every feature flag of this CPU, as /proc/cpuinfo spells them."""
+    return set(cpuinfo_fields(cpuinfo).get("flags", "").split())
+
+
+def simd_features(cpuinfo: pathlib.Path = CPUINFO) -> list[str]:
+    """The SIMD flags of this CPU, sorted; empty where /proc/cpuinfo is absent."""
+    return sorted(SIMD_FLAGS & cpu_flags(cpuinfo))
 
 
 def missing_features(required: list[str], available: list[str]) -> list[str]:

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tf_dietcode import gradients  # noqa: F401  (registers the ops' gradients)
+from tf_dietcode.op_contract import ACTIVATIONS
 from tf_dietcode.op_library import load_op_library
-from tf_dietcode.reference import ACTIVATIONS
 
 TensorLike = tf.types.experimental.TensorLike
 

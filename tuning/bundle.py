@@ -19,6 +19,7 @@ import tvm
 from tvm.support import cc
 
 from tf_dietcode.atomic_output import atomic_directory
+from tf_dietcode.op_contract import BUNDLE_FORMAT
 from tf_dietcode.tuning import hardware, measure, templates
 from tf_dietcode.tuning.dispatch import Dispatch
 from tf_dietcode.tuning.hardware import Hardware
@@ -26,7 +27,6 @@ from tf_dietcode.tuning.kernel_objects import KernelObjects
 from tf_dietcode.tuning.templates import dense
 from tf_dietcode.tuning.workload import DIMS
 
-FORMAT_VERSION = 3
 LIBRARY = "kernels.so"
 MANIFEST = "manifest.json"
 
@@ -122,7 +122,7 @@ def build_bundle(dispatches: list[Dispatch], hw: Hardware, directory: str | path
             leftover.unlink()
         _check(staging / LIBRARY, dispatches, samples, seed)
         manifest = {
-            "format": FORMAT_VERSION,
+            "format": BUNDLE_FORMAT,
             "library": LIBRARY,
             "sha256": hashlib.sha256((staging / LIBRARY).read_bytes()).hexdigest(),
             "target": {"kind": "llvm", "mcpu": hw.mcpu, "cores": hw.cores},

@@ -28,9 +28,10 @@ import json
 
 import numpy as np
 
+from tf_dietcode.op_contract import ACTIVATIONS
+
 KINDS = ("dense", "batch_matmul")
 DIMS = ("b", "m", "n", "k")
-ACTIVATIONS = ("none", "relu", "tanh", "sigmoid", "gelu", "gelu_tanh", "silu")
 WEIGHT_LAYOUTS = ("any", "packed", "in_place")
 
 

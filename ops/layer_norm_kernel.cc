@@ -1,5 +1,5 @@
-// DietcodeLayerNorm: Keras' LayerNormalization over the last axis in one op,
-// optionally over the sum of x and a residual (a Transformer's `x + sublayer`).
+// The CPU kernel of DietcodeLayerNorm (registered in layer_norm_op.cc): Keras'
+// LayerNormalization over the last axis, optionally of x + residual.
 //
 // TF runs Keras' layer norm as about a dozen ops (two means, a squared
 // difference, rsqrt, and a chain of muls and adds, each its own pass over the
@@ -12,10 +12,7 @@
 #include <cmath>
 #include <vector>
 
-#include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/util/work_sharder.h"
 #include "Eigen/Core"
 #include "broadcast.h"
@@ -27,48 +24,10 @@ using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpInputList;
 using tensorflow::OpKernelContext;
-using tensorflow::Status;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::TensorShapeUtils;
 using tensorflow::errors::InvalidArgument;
-using tensorflow::shape_inference::DimensionHandle;
-using tensorflow::shape_inference::InferenceContext;
-using tensorflow::shape_inference::ShapeHandle;
-
-REGISTER_OP("DietcodeLayerNorm")
-    .Input("x: float")
-    .Input("gamma: float")
-    .Input("beta: float")
-    .Input("residual: num_residual * float")
-    .Output("y: float")
-    .Attr("epsilon: float = 0.001")
-    .Attr("num_residual: int >= 0 = 0")
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      ShapeHandle x, vector;
-      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &x));
-      if (c->num_inputs() > 4) {
-        return InvalidArgument("DietcodeLayerNorm takes at most one residual, got ",
-                               c->num_inputs() - 3);
-      }
-      if (c->num_inputs() == 4) {
-        TF_RETURN_IF_ERROR(
-            tensorflow::shape_inference::BroadcastBinaryOpOutputShapeFnHelper(
-                c, x, c->input(3), true, &x));
-      }
-      DimensionHandle depth = c->Dim(x, -1);
-      for (int i : {1, 2}) {
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &vector));
-        TF_RETURN_IF_ERROR(c->Merge(depth, c->Dim(vector, 0), &depth));
-      }
-      c->set_output(0, x);
-      return Status();
-    })
-    .Doc(R"doc(
-(s - mean) * rsqrt(variance + epsilon) * gamma + beta, with s = x, or x +
-residual broadcast as AddV2 does, and the mean and (biased) variance of each
-row of s's last axis; gamma and beta are [depth].
-)doc");
 
 // Cycles per element of a row, for the intra-op sharder: three passes (and
 // the residual's add).
