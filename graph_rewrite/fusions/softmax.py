@@ -3,7 +3,7 @@ DietcodeSoftmax.
 
 Why: with oneDNN on, TF runs Softmax as _MklSoftmax, 45-70 us a call even for
 BERT-base's [1, 12, 1, 1] at batch 1, where DietcodeSoftmax takes 3-10 us
-(ops/softmax.cc; measured in docs/decisions.md).
+(ops/softmax_kernel.cc; measured in docs/decisions.md).
 """
 
 import dataclasses
