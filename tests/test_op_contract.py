@@ -13,7 +13,7 @@ from tvm import te
 
 from tf_dietcode import keras as diet_keras
 from tf_dietcode import op_contract, op_library, ops, reference
-from tf_dietcode.graph_rewrite import activation_patterns, dense_patterns
+from tf_dietcode.graph_rewrite.fusions import activation_patterns, dense_patterns
 from tf_dietcode.tuning.templates import activation, dense
 from tf_dietcode.tuning.workload import Workload
 
