@@ -19,28 +19,32 @@ KERNEL_PEERS = ("xla", "onnxruntime", "tensorflow_onednn_off", "dietcode_generic
 BERT_PEERS = ("dietcode", "dietcode_merged_qkv", "xla", "onnxruntime", "tensorflow_onednn_off")
 
 METHOD = """\
-- Threads: every peer runs with 2 intra-op threads (this machine's cores) and one inter-op thread;
-  ONNX Runtime with 2 intra-op threads, TVM's time_evaluator with TVM_NUM_THREADS=2.
+- Threads: kernels through TF run with 2 intra-op threads (this machine's cores) and one inter-op
+  thread, TVM's time_evaluator with TVM_NUM_THREADS=2. Whole models (BERT-base) and ONNX Runtime
+  run with their default options, as their users run them.
 - Kernels through TF (TF, XLA, the op's generic kernel) are timed in-graph: the op runs k times
   inside one `tf.while_loop` and the time per call is (t(k) - t(0)) / k, the median of 5 repeats,
   k chosen so one repeat lasts about 50 ms. That leaves out Python's ~0.2 ms per call.
 - XLA: the TF ops as an XLA cluster called once per loop iteration (steady state, compiled in a
   warm-up call); `xla_first_call` is a fresh jit function's first call at each shape (tracing,
   compilation and one run), what the first request of each new length pays.
-- ONNX Runtime: the TF ops converted by tf2onnx (opset 17, dynamic dims), inputs bound once, the
-  median over repeats of many calls, minus the cost of a bound call to an Identity model.
+- ONNX Runtime: the TF ops converted by tf2onnx (opset 17, dynamic dims), default session options,
+  inputs bound once, the median over repeats of many calls, minus the cost of a bound call to an
+  Identity model.
 - TF with oneDNN off (`TF_ENABLE_ONEDNN_OPTS=0`, read at start-up) runs in a child process, so its
-  ratio to TF crosses processes and carries this VM's run-to-run drift.
+  ratio to TF crosses processes and carries the machine's run-to-run drift.
 - Tuned kernels (`tuned_kernels`, `tuning_cost`) are timed by TVM's time_evaluator (21 interleaved
   rounds of at least 30 ms, median), TF in-graph as above in the same process, the FMA loop once in each
   round (`tuned_kernels.csv`'s `fraction_of_fma_loop_in_rounds`: speed over the loop's, paired by round). DietCode tunes each workload
   once for T in [1, 128]; the largest-shape (Nimble-like) baseline tunes T=128 only and uses its
   best kernel everywhere; MetaSchedule (Ansor-like) tunes each shape on its own.
-- BERT-base end to end: one signature call per inference from Python (as a server would), peers
-  interleaved call by call, median; outputs checked against TF at every cell.
+- BERT-base end to end: one signature call per inference from Python (as a server would), each
+  peer timed in blocks of back-to-back calls (the block's first call untimed), several rounds of
+  blocks alternating between the peers in balanced orders, median over rounds; no peer's settings
+  are changed for another's sake. Outputs checked against TF at every cell.
 - Dense kernels' peers get the weight stored [K, N], as Keras' Dense stores it; the workload names
   keep the paper's `x[N,K]^T` notation. With the weight [N, K] and transpose_b, TF's MatMul ran
-  1.15-11x slower on the Zen 1 VM of earlier sessions (11x at M = 1), which would flatter every kernel compared with it.
+  1.15-11x slower (AMD EPYC Zen 1; 11x at M = 1), which would flatter every kernel compared with it.
 - Speed-ups are ratios to TF measured in the same run; geometric means are over the T listed."""
 
 

@@ -14,12 +14,13 @@ batch 1..max(batches) and T in [1, 128], and times at every (batch, T):
 - xla: the original signature inside tf.function(jit_compile=True), steady
   state (each new shape's compilation happens in the warm-up call);
 - onnxruntime: the original converted with tf2onnx, run by ONNX Runtime with
-  its threads' spinning off (bench.onnx_peer.session says why);
+  its default session options;
 - tensorflow_onednn_off: the original with TF_ENABLE_ONEDNN_OPTS=0, which TF
   reads once at start-up, so it runs in a child process before the others.
-All with 2 threads. In-process peers are interleaved and the median taken;
-the oneDNN-off ratio crosses processes, so it carries this VM's run-to-run
-noise (10-20%). Outputs are checked against the original at every cell.
+Every peer with its default options, timed in blocks of back-to-back calls,
+rounds of blocks alternating between the peers, medians (bench.timing.block_seconds);
+the oneDNN-off ratio crosses processes, so it carries the machine's run-to-run
+noise. Outputs are checked against the original at every cell.
 Writes bert_base.csv and bert_base.png and prints the table with geometric means.
 """
 
@@ -37,7 +38,6 @@ import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
 from bench import cli, encoder, onednn_off, onnx_peer, report, timing  # noqa: E402
-from bench.threads import use_threads  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 
 MODEL = encoder.BERT_BASE
@@ -66,7 +66,7 @@ def agree_with_tensorflow(outputs: dict[str, np.ndarray]) -> None:
 def onnx_session(saved_model: pathlib.Path, path: pathlib.Path):
     """The original converted by tf2onnx, in an ONNX Runtime session."""
     onnx_peer.convert_saved_model(saved_model, path)
-    session = onnx_peer.session(path, spinning=False)  # its peers run call by call beside it
+    session = onnx_peer.session(path)
     return lambda ids: session.run(None, {"input_ids": ids})[0]
 
 
@@ -76,13 +76,12 @@ def seconds_per_cell(quick: bool) -> float:
 
 def onednn_off_worker(saved_model: pathlib.Path, cells: list[tuple[int, int]], quick: bool,
                       out: pathlib.Path) -> None:
-    use_threads()
     model = tf.saved_model.load(str(saved_model))  # kept: a signature does not keep its variables alive
     signature = model.signatures["serving_default"]
     timings = []
     for batch, t in cells:
         ids = tf.constant(token_ids(batch, t))
-        seconds = timing.interleaved_medians({"off": lambda: signature(input_ids=ids)},
+        seconds = timing.block_medians({"off": lambda: signature(input_ids=ids)},
                                              budget_seconds=seconds_per_cell(quick) / 4)
         timings.append(seconds["off"])
     onednn_off.result_path(out).write_text(json.dumps(timings))
@@ -113,7 +112,6 @@ def main(argv=None):
                 *([] if args.quick else [("dietcode_merged_qkv", args.out / "optimized_merged_qkv", True)])]
     if args.onednn_off_worker:
         return onednn_off_worker(original, args.cells, args.quick, args.out)
-    use_threads()
     args.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(original, ignore_errors=True)
     encoder.build(MODEL).export(str(original), verbose=False)
@@ -134,7 +132,7 @@ def main(argv=None):
     print(f"\n{'batch':>5s} {'T':>4s} " + " ".join(f"{p:>12s}" for p in [*peers, "onednn_off"]) + "  (ms)")
     for batch, t in cells:
         ids = token_ids(batch, t)
-        seconds = timing.interleaved_medians({p: (lambda call=call: call(ids)) for p, call in peers.items()},
+        seconds = timing.block_medians({p: (lambda call=call: call(ids)) for p, call in peers.items()},
                                              budget_seconds=seconds_per_cell(args.quick),
                                              check=agree_with_tensorflow)
         seconds["tensorflow_onednn_off"] = off[(batch, t)]

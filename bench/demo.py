@@ -7,7 +7,8 @@ Builds the encoder with Keras 3 layers as users write them (token and position
 embeddings, MultiHeadAttention, a GELU feed-forward block, LayerNorm), exports
 it, runs tf_dietcode.optimize() for batch 1 and T in [1, 128] (quick tuning
 with --quick), checks the outputs agree, and times one signature call per
-inference of each model at every T (median of 41 interleaved repeats, 2 threads). Writes
+inference of each model at every T (TF's default options; blocks of back-to-back calls
+in alternating rounds, medians: bench.timing.block_seconds). Writes
 demo.csv and demo.png and prints the table.
 """
 
@@ -22,7 +23,6 @@ import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
 from bench import cli, encoder, report, timing  # noqa: E402
-from bench.threads import use_threads  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
 
 
@@ -35,7 +35,6 @@ def outputs_agree(outputs: dict[str, dict[str, tf.Tensor]]) -> None:
 def main(argv=None):
     parser = cli.parser(__doc__, "bench/results/demo", "quick tuning and a few T")
     args = parser.parse_args(argv)
-    use_threads()
     original, optimized = args.out / "original", args.out / "optimized"
     shutil.rmtree(original, ignore_errors=True)
     model = encoder.DEMO
@@ -54,8 +53,8 @@ def main(argv=None):
     print(f"\n{'T':>4s} {'original ms':>12s} {'optimized ms':>13s} {'speed-up':>9s}")
     for t in cli.sequence_lengths(args.quick):
         ids = tf.constant(rng.integers(0, model.vocabulary, (1, t)), tf.int32)
-        seconds = timing.interleaved_medians({"tensorflow": lambda: before(input_ids=ids),
-                                              "dietcode": lambda: after(input_ids=ids)}, check=outputs_agree)
+        seconds = timing.block_medians({"tensorflow": lambda: before(input_ids=ids),
+                                        "dietcode": lambda: after(input_ids=ids)}, check=outputs_agree)
         for peer, value in seconds.items():
             rows.append({"workload": f"{model.name}_batch1", "T": t, "peer": peer, "ms": value * 1e3,
                          "speedup_vs_tensorflow": seconds["tensorflow"] / value})

@@ -5,9 +5,10 @@ would disturb the TF peers timed in this one):
 
     python -m bench.onnx_peer OUT_DIR        # writes OUT_DIR/<workload>.onnx for bench.workloads
 
-A run binds its inputs once (io binding), so a timed call is ORT's own work plus
-its per-call cost, which `call_overhead_seconds` measures with an Identity model
-so callers can take it out, as the in-graph TF timing takes out Python's.
+Sessions run with ONNX Runtime's default options, as its users run it. A kernel's
+run binds its inputs once (io binding), so a timed call is ORT's own work plus its
+per-call cost, which `call_overhead_seconds` measures with an Identity model so
+callers can take it out, as the in-graph TF timing takes out Python's.
 """
 
 import functools
@@ -20,9 +21,6 @@ import sys
 import numpy as np
 
 from bench import timing
-
-THREADS = 2
-
 
 def model_path(out_dir: pathlib.Path, workload_name: str) -> pathlib.Path:
     return out_dir / (re.sub(r"[^\w.-]+", "_", workload_name) + ".onnx")
@@ -51,22 +49,12 @@ def _convert(module_and_arguments: list[str]) -> None:
                            f"{child.stderr[-3000:]}")
 
 
-def session(model: pathlib.Path | bytes, spinning: bool = True):
-    """An ORT session on a model file (or its bytes) with this suite's threads.
-
-    spinning=False turns off ORT's default of keeping its threads spinning after
-    a run. Timed call by call beside TF peers, the spinning threads slowed the
-    next TF call of a BERT-base at batch 1 from 19 to 32 ms, and it held until
-    TF had run ~50 ms, whatever the idle time in between (400 ms of sleep did not
-    clear it). Without spinning ORT itself measured 0-9% slower on its own
-    (most at T=1), so only call-by-call interleaving turns it off.
-    """
+def session(model: pathlib.Path | bytes):
+    """An ORT session on a model file (or its bytes) with ORT's default options, on its CPU provider
+    (its threads: one per physical core, spinning after a run)."""
     import onnxruntime
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    return onnxruntime.InferenceSession(model if isinstance(model, bytes) else str(model), options,
+    return onnxruntime.InferenceSession(model if isinstance(model, bytes) else str(model),
                                         providers=["CPUExecutionProvider"])
 
 

@@ -9,10 +9,12 @@
   whole would drop the control dependency and hoist the work out of it).
 - TVM kernels: TVM's time_evaluator, calls back to back (no Python in the loop).
 - Rounds: computations compared with each other are sampled in interleaved rounds (medians
-  over rounds, ratios paired by round), whole calls (a SavedModel's signature) call by call.
+  over rounds, ratios paired by round).
+- Whole calls (a SavedModel's signature, an ONNX Runtime session): every peer as its users run
+  it (default options), in blocks of back-to-back calls, several rounds of blocks alternating
+  between the peers, medians (block_seconds).
 """
 
-import random
 import statistics
 import threading
 import time
@@ -24,6 +26,9 @@ import tensorflow as tf
 ROUNDS = 21  # 7 read NN's 2 us kernel at T = 1 as 1.10x its static build; 41 read 0.97-1.02 (session 53)
 ROUND_SECONDS = 0.03
 BOOTSTRAP_SAMPLES = 2000
+BLOCK_ROUNDS = 7  # rounds of blocks of whole calls (block_seconds)
+MIN_ROUNDS = 3  # ... and the fewest a budget leaves
+BLOCK_SECONDS = 0.2  # a block's timed calls fill this, at least one
 
 
 def in_graph_loop(compute: Callable[..., tf.Tensor], inputs: Sequence[tf.Tensor], jit_compile: bool = False):
@@ -162,47 +167,57 @@ def alternating_pairs(first: Callable[[], float], second: Callable[[], float],
     return first_samples, second_samples
 
 
-def interleaved_medians(calls: dict[str, Callable[[], object]], repeats: int = 41,
-                        budget_seconds: float | None = None,
-                        check: Callable[[dict[str, object]], None] | None = None) -> dict[str, float]:
-    """Median seconds of each call, the calls interleaved so drift on a noisy machine hits all alike."""
-    samples = interleaved_seconds(calls, repeats, budget_seconds, check)
+def block_medians(calls: dict[str, Callable[[], object]], rounds: int = BLOCK_ROUNDS,
+                  budget_seconds: float | None = None,
+                  check: Callable[[dict[str, object]], None] | None = None) -> dict[str, float]:
+    """Median seconds per call of each whole call (a model's signature, a session's run), timed in
+    blocks (block_seconds)."""
+    samples = block_seconds(calls, rounds, budget_seconds, check)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def interleaved_seconds(calls: dict[str, Callable[[], object]], repeats: int = 41,
-                        budget_seconds: float | None = None,
-                        check: Callable[[dict[str, object]], None] | None = None,
-                        shuffle: random.Random | None = None) -> dict[str, list[float]]:
-    """Seconds of each call per round, every round calling each once (in a fresh order with `shuffle`).
+def block_seconds(calls: dict[str, Callable[[], object]], rounds: int = BLOCK_ROUNDS,
+                  budget_seconds: float | None = None,
+                  check: Callable[[dict[str, object]], None] | None = None) -> dict[str, list[float]]:
+    """Seconds per call of each call, one sample a round: a block of back-to-back calls, as a server
+    calls a model, the block's first call untimed. Rounds visit the calls in balanced orders
+    (measure.balanced_order), so drift on a noisy machine hits all alike.
 
-    With a budget, fewer repeats (at least 3) when the first timed round takes
-    long (sized after the warm-up, which may compile: XLA's first call at a
-    shape). `check` gets the warm-up round's outputs by name, so checking
-    results costs no call of its own (a BERT-base call at batch 16 takes
-    seconds here). Round i of every call lists at index i, so ratios can be
-    paired by round.
+    Why blocks: each peer runs as its users run it. ONNX Runtime keeps its pool threads spinning
+    after a call (its default); interleaved call by call, that spinning slowed the TF call after
+    it (BERT-base, batch 1: 19 to 32 ms), and turning it off cost ONNX Runtime 10-15% at small T.
+    In a block, a peer's calls follow its own; the untimed first call absorbs what the previous
+    block left behind. A block lasts BLOCK_SECONDS (at least one timed call): the first timed round
+    sizes it. With a budget, fewer rounds (at least MIN_ROUNDS) where blocks are long. `check` gets
+    the warm-up calls' outputs by name (XLA compiles a new shape there). Round i of every call lists
+    at index i, so ratios can be paired by round.
     """
-    samples = {name: [] for name in calls}
-
-    def timed_round() -> float:
-        names = list(calls)
-        if shuffle is not None:
-            shuffle.shuffle(names)
-        for name in names:
-            start = time.perf_counter()
-            calls[name]()
-            samples[name].append(time.perf_counter() - start)
-        return sum(values[-1] for values in samples.values())
+    from tf_dietcode.tuning.measure import balanced_order  # imports TVM
 
     outputs = {name: call() for name, call in calls.items()}  # warm up
     if check is not None:
         check(outputs)
-    first_round = timed_round()
+    names = list(calls)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    counts = dict.fromkeys(names, 1)
+
+    def block(name: str) -> None:
+        calls[name]()
+        start = time.perf_counter()
+        for _ in range(counts[name]):
+            calls[name]()
+        samples[name].append((time.perf_counter() - start) / counts[name])
+
+    for position in balanced_order(len(names), 0):
+        block(names[position])
+    for name in names:
+        counts[name] = max(1, round(BLOCK_SECONDS / max(samples[name][0], 1e-9)))
+    round_seconds = sum((counts[name] + 1) * samples[name][0] for name in names)
     if budget_seconds is not None:
-        repeats = max(3, min(repeats, int(budget_seconds / max(first_round, 1e-6))))
-    for _ in range(repeats - 1):
-        timed_round()
+        rounds = max(MIN_ROUNDS, min(rounds, int(budget_seconds / max(round_seconds, 1e-6))))
+    for round_ in range(1, rounds):
+        for position in balanced_order(len(names), round_):
+            block(names[position])
     return samples
 
 
