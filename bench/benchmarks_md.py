@@ -94,7 +94,7 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
     bert = read(results / "bert_base.csv")
     mode = "quick" if quick else "full"
     parts = [f"# Benchmarks\n\nWritten by `python -m bench.suite{' --quick' if quick else ''}` "
-             f"({mode} run) on {datetime.date.today()}. Every figure below is read from the CSVs in "
+             f"({mode} run) on {datetime.date.today()} from commit {runs[0].get('commit', 'unknown')}. Every figure below is read from the CSVs in "
              f"[`results/suite/`]({results.relative_to(docs)}) that this run wrote; the command that wrote each is in {link('suite_runs.csv')}."
              + (" A quick run tunes 12 micro-kernels per workload (the default budget: 64) at 4 sample "
                 "lengths per range and times T in {1, 17, 62, 128}: its tuned figures are below what the "

@@ -19,11 +19,13 @@ def write_csv(rows: list[dict], path: pathlib.Path) -> None:
 
 
 def read(path: pathlib.Path) -> list[dict]:
-    """Rows written by write_csv, numbers as numbers (T as int)."""
+    """Rows written by write_csv, numbers as numbers (T as int; a commit stays text, digits or not)."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     for row in rows:
         for key, value in row.items():
+            if key == "commit":
+                continue
             try:
                 row[key] = float(value) if key != "T" else int(value)
             except ValueError:

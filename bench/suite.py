@@ -33,6 +33,17 @@ def command(part: str, has_quick: bool, inputs: dict[str, str], quick: bool, out
             *(a for flag, earlier in inputs.items() for a in (flag, str(out / earlier))), "--out", str(out / part)]
 
 
+def source_commit() -> str:
+    """The commit the suite runs from ("+ changes" where the tree differs from it), for the report."""
+    def git(*arguments: str) -> str:
+        return subprocess.run(["git", *arguments], capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        return git("rev-parse", "--short", "HEAD") + (" + changes" if git("status", "--porcelain", "-uno") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="every part's quick mode (11-19 minutes)")
@@ -41,14 +52,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
-    runs = []
+    runs, commit = [], source_commit()
     for part, has_quick, inputs in PARTS:
         line = command(part, has_quick, inputs, args.quick, args.out)
         print(f"\n=== {' '.join(line[1:])}", flush=True)
         started = time.perf_counter()
         subprocess.run(line, check=True)
         runs.append({"part": part, "command": "python " + " ".join(line[1:]),
-                     "seconds": time.perf_counter() - started})
+                     "seconds": time.perf_counter() - started, "commit": commit})
     report.write_csv(runs, args.out / "suite_runs.csv")
 
     published = args.docs / "results" / "suite"
