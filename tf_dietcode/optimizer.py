@@ -85,11 +85,15 @@ def _computation(graph: signature_graph.SignatureGraph) -> tuple:
             tuple((name, id(t)) for name, t in sorted(graph.captures.items())))
 
 
-def _left_running_note(node: str, op: str, xla: bool) -> str:
-    if xla:
-        return (f"the products in {node} are left to XLA (jit_compile=True), which compiles them for each new "
-                "input shape: export the model without jit_compile to have them fused")
-    return f"the products in {node} ({op}) are left to TF: the rewriter does not enter control-flow bodies"
+def _left_running_note(call: signature_graph.CallLeftRunning) -> str:
+    """Where a call the rewriter does not enter keeps products, and which ops in which functions."""
+    held = "; ".join(f"{function}: " + ", ".join(f"{count} {op}" for op, count in ops.items())
+                     for function, ops in call.ops.items())
+    if call.xla:
+        return (f"the products in {call.node} are left to XLA (jit_compile=True), which compiles them for each new "
+                f"input shape: export the model without jit_compile to have them fused ({held})")
+    return (f"the products in {call.node} ({call.op}) are left to TF: the rewriter does not enter control-flow "
+            f"bodies, which run as in the original model ({held})")
 
 
 class Converter:
@@ -141,7 +145,7 @@ class Converter:
             maxima = shapes.declared_maxima()
             self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges, maxima)
             self._range_notes += [f"{graph.key}: {note}" for note in graph_notes]
-            notes += [f"{graph.key}: {_left_running_note(*call)}"
+            notes += [f"{graph.key}: {_left_running_note(call)}"
                       for call in signature_graph.calls_left_running(graph.graph_def, in_bodies)]
         self._resources = resources
         self.report = Report(keys, self.ranges, self._range_notes + notes, found, collections.Counter(), left, [],

@@ -37,8 +37,16 @@ def resolve(specs: dict[str, tf.TensorSpec], shape_ranges: dict | None,
     for name, spec in specs.items():
         if spec.shape.rank is None and name not in shape_ranges:
             raise ValueError(f"input {name!r} has unknown rank in the signature: give its dims in shape_ranges")
-        declared_shape = spec.shape.as_list() if spec.shape.rank is not None else [None] * len(shape_ranges[name])
-        given = shape_ranges.get(name, [None] * len(declared_shape))
+        given = shape_ranges.get(name)
+        if spec.shape.rank == 0 and given is not None and (not isinstance(given, (list, tuple)) or given):
+            raise ValueError(f"input {name!r} is a scalar: it has no dims for shape_ranges to range, and its value "
+                             "(a loop's length, say) is not a shape; leave it out of shape_ranges (where optimize() "
+                             "runs the model on zero inputs, it is 0), or pass representative inputs (input_fn)")
+        if given is not None and not isinstance(given, (list, tuple)):
+            raise ValueError(f"shape_ranges[{name!r}] wants one item per dim (a size, (lo, hi) or None), "
+                             f"got {given!r}")
+        declared_shape = spec.shape.as_list() if spec.shape.rank is not None else [None] * len(given)
+        given = [None] * len(declared_shape) if given is None else given
         if len(given) != len(declared_shape):
             raise ValueError(f"shape_ranges[{name!r}] has {len(given)} dims, the input has rank {spec.shape.rank}")
         ranges[name] = []

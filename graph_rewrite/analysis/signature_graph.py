@@ -11,6 +11,7 @@ run (resources, assets, a TF1 model's initializer), and which calls the
 inlining left as functions.
 """
 
+import collections
 import contextlib
 import dataclasses
 
@@ -35,9 +36,19 @@ class SignatureGraph:
             self.graph_def, list(self.input_tensors.values()), dict(self.output_tensors), self.captures)
 
 
-def calls_left_running(graph_def: tf.compat.v1.GraphDef, ops: set[str]) -> list[tuple[str, str, bool]]:
+@dataclasses.dataclass(frozen=True)
+class CallLeftRunning:
+    """A node whose functions the inlining left (a loop, a cond, a function XLA compiles)."""
+    node: str
+    op: str
+    xla: bool                                       # whether XLA compiles it (jit_compile=True)
+    ops: dict[str, dict[str, int]]                  # function -> op -> count, for the functions running any
+
+
+def calls_left_running(graph_def: tf.compat.v1.GraphDef, ops: set[str]) -> list[CallLeftRunning]:
     """The nodes whose functions the inlining left (control flow's bodies, functions XLA
-    compiles) that run any of `ops`, at any depth: (node name, op, whether XLA compiles it)."""
+    compiles) that run any of `ops`, at any depth (a loop in a loop), with the functions that run
+    them. Reads graph_def only (a proto map's [] would add the attrs it looks up)."""
     library = {f.signature.name: f for f in graph_def.library.function}
 
     def called(node) -> list[str]:
@@ -47,14 +58,26 @@ def calls_left_running(graph_def: tf.compat.v1.GraphDef, ops: set[str]) -> list[
             names += [f.name for f in value.list.func]
         return names
 
-    def runs(name: str, seen: set[str]) -> bool:
+    def visit(name: str, found: dict[str, dict[str, int]], seen: set[str]) -> None:
         if name in seen or name not in library:
-            return False
+            return
         seen.add(name)
-        return any(n.op in ops or any(runs(f, seen) for f in called(n)) for n in library[name].node_def)
+        counts = collections.Counter(n.op for n in library[name].node_def if n.op in ops)
+        if counts:
+            found[name] = dict(sorted(counts.items()))
+        for n in library[name].node_def:
+            for function in called(n):
+                visit(function, found, seen)
 
-    return [(node.name, node.op, node.attr["_XlaMustCompile"].b) for node in graph_def.node
-            if any(runs(f, set()) for f in called(node))]
+    calls = []
+    for node in graph_def.node:
+        found, seen = {}, set()
+        for function in called(node):
+            visit(function, found, seen)
+        if found:
+            xla = "_XlaMustCompile" in node.attr and node.attr["_XlaMustCompile"].b
+            calls.append(CallLeftRunning(node.name, node.op, xla, found))
+    return calls
 
 
 def _tensor_name(tensor: tf.Tensor) -> str:
