@@ -54,14 +54,16 @@ def test_report_json_lists_every_fused_layer_with_its_op_workload_and_kernels(op
     assert sum(len(layer["forms"]) for layer in layers) == sum(report.fused.values())  # every pattern, once
     assert {layer["precision"] for layer in layers} == {"float32"}
     optimized = tf.saved_model.load(str(root / "optimized"))
-    for key in report.signatures:  # one layer per fused op the written signature runs
-        assert collections.Counter(layer["op"] for layer in layers if layer["signature"] == key) == \
+    for key in report.signatures:  # the fused ops the written signature runs, each of one layer
+        assert collections.Counter(op for layer in layers if layer["signature"] == key for op in layer["ops"]) == \
             _library_ops(optimized.signatures[key])
+    assert {len(layer["ops"]) for layer in layers} == {1}
     tuned = [layer for layer in layers if layer["workload"]]
     assert {layer["workload"] for layer in tuned} == {w.describe() for w in report.workloads}
     assert all(layer["kernels"] for layer in tuned)
     assert {layer["kind"] for layer in tuned} == {"dense", "attention"}
-    assert {layer["weight_layout"] for layer in tuned if layer["kind"] == "dense"} <= {"packed", "in_place"}
+    assert all("packed" in layer["weight_layout"] if layer["kind"] == "dense" else layer["weight_layout"] is None
+               for layer in tuned)  # the weight's layout, which dense layers alone have
     assert {w["workload"] for w in data["workloads"]} == {w.describe() for w in report.workloads}
     assert all(w["seconds"] >= 0 and w["kernels_measured"] >= 0 for w in data["workloads"])
     # every product fused; at the middle of the ranges x is [1, 6, 32]: Dense 32->64 and 64->32, Q, K, V and

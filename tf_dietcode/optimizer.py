@@ -343,15 +343,15 @@ class Converter:
             raise output_check.OutputMismatch(check)
 
     def _layers(self) -> list[dict]:
-        """Per fused match of every signature (Report.to_json): its node, kind, forms, op, precision,
-        and the workload and kernels of a tuned one."""
+        """Per fused match of every signature (Report.to_json): its node, kind, forms, fused ops,
+        precision, and the workload and kernels of a tuned one."""
         layers = []
         for graph in self.graphs:
-            for fusion, match, node, op in self._spliced[self._computations[graph.key]]:
+            for fusion, match, node, ops in self._spliced[self._computations[graph.key]]:
                 workload = self._workloads.get((graph.key, node))
                 entry = self._kernels.get(workload, {})
                 layers.append({"signature": graph.key, "node": node, "kind": fusion.name,
-                               "forms": list(fusion.forms(match)), "op": op, "precision": output_check.PRECISION,
+                               "forms": list(fusion.forms(match)), "ops": ops, "precision": output_check.PRECISION,
                                "workload": workload.describe() if workload else None,
                                "kernels": [kernel["name"] for kernel in entry.get("kernels", [])],
                                "weight_layout": entry.get("weight_layout")})
@@ -444,13 +444,13 @@ class Converter:
                    if key == graph.key}
         binding = _Binding(graph_def, captures, kernels, lambda value: self._variable(value, module))
         replaced: dict[str, str] = {}
-        spliced = self._spliced[self._computations[graph.key]] = []  # (fusion, match, its node, the op)
+        spliced = self._spliced[self._computations[graph.key]] = []  # (fusion, match, its node, its fused ops)
         for fusion in fusions.FUSIONS:
             for i, match in enumerate(self.found[graph.key][fusion.name].matches):
                 replacement = fusion.replacement(match, binding)
                 spliced.append((fusion, match, match.core if isinstance(fusion, TunedFusion) else
                                 node_name(replacement.outputs[0]),
-                                next(n.op for n in replacement.graph_def.node if n.name == "out_0")))
+                                [n.op for n in replacement.graph_def.node if n.op.startswith("Dietcode")]))
                 new = splice.splice(graph_def, replacement.graph_def, replacement.bound, f"dietcode/{fusion.name}_{i}",
                                     {tensor: f"out_{j}" for j, tensor in enumerate(replacement.outputs)}, replaced)
                 outputs.update({k: new[v] for k, v in outputs.items() if v in new})
