@@ -18,7 +18,7 @@ BERT-base and the demo encoder to 1e-4 (bench/bert_base.py, bench/demo.py), as
 rounding carries through the layers. 1e-4, here of the output's largest value
 so that it does not depend on the output's scale. A 12-layer encoder (bench's,
 hidden 256, every layer fused) read 1.6e-6 at this check's inputs and at most
-1.3e-6 on random token ids (Xeon, AVX-512), while a broken rewrite (a wrong
+1.3e-6 on random token ids (2-vCPU AMD EPYC), while a broken rewrite (a wrong
 weight layout, a dropped bias or activation, a wrong kernel) is off by far
 more: a dense weight 1% off reads 1e-2.
 """
