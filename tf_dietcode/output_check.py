@@ -77,7 +77,7 @@ class OutputMismatch(ValueError):
                          "(optimize(..., validate=False) writes the model unchecked)")
 
 
-def inputs(specs: dict[str, tf.TensorSpec], ranges: shape_ranges.DimRanges,
+def _inputs(specs: dict[str, tf.TensorSpec], ranges: shape_ranges.DimRanges,
            examples: list[dict]) -> list[dict[str, tf.Tensor]]:
     """The check's inputs for one signature, by input name."""
     if examples:
@@ -99,7 +99,7 @@ def check(original, written, signatures: dict[str, tuple[dict[str, tf.TensorSpec
     for key, (specs, ranges) in signatures.items():
         if computations[key] not in done:
             found = []
-            for feed in inputs(specs, ranges, examples):
+            for feed in _inputs(specs, ranges, examples):
                 at = shape_ranges.shapes_text(feed)
                 try:
                     expected = original.signatures[key](**feed)
@@ -109,11 +109,11 @@ def check(original, written, signatures: dict[str, tuple[dict[str, tf.TensorSpec
                     continue
                 runs += 1
                 try:
-                    found += compare(key, expected, written.signatures[key](**feed), at)
+                    found += _compare(key, expected, written.signatures[key](**feed), at)
                 except tf.errors.OpError as error:  # where the original runs
                     found += [OutputError(key, name, float("inf"), f"{at} (it fails: "
                                           f"{shape_ranges.op_error_summary(error)})", True) for name in expected]
-            done[computations[key]] = largest(found)
+            done[computations[key]] = _largest(found)
         errors += [dataclasses.replace(e, signature=key) for e in done[computations[key]]]
     return OutputCheck(runs, errors, notes, time.perf_counter() - started)
 
@@ -124,7 +124,7 @@ def _values(dtype: tf.DType, shape: list[int], rng: np.random.Generator) -> tf.T
     return tf.zeros(shape, dtype)
 
 
-def compare(key: str, original: dict, written: dict, at: str) -> list[OutputError]:
+def _compare(key: str, original: dict, written: dict, at: str) -> list[OutputError]:
     """Each output's error on one input (outputs by name, as signatures return them)."""
     return [_error(key, name, np.asarray(original[name]), np.asarray(written[name]), at) for name in original]
 
@@ -145,7 +145,7 @@ def _error(key: str, name: str, expected: np.ndarray, actual: np.ndarray, at: st
     return OutputError(key, name, float(error / max(largest, np.finfo(np.float32).tiny)), at, True)
 
 
-def largest(errors: list[OutputError]) -> list[OutputError]:
+def _largest(errors: list[OutputError]) -> list[OutputError]:
     """Per (signature, output), its largest error over the inputs, in first-seen order."""
     worst: dict[tuple[str, str], OutputError] = {}
     for error in errors:
