@@ -41,6 +41,20 @@ def _shared_tuning_database() -> pathlib.Path:
 TUNING_DATABASE = _shared_tuning_database()
 
 
+def _private_user_cache() -> None:
+    """The user's cache (tf_dietcode.user_cache: the default tuning database, kept kernels and
+    bundles) is a temporary directory of this test run, so tests never read or write the user's
+    own; in the environment, so that pytest-xdist's workers and the processes tests start share it."""
+    if "TF_DIETCODE_TEST_CACHE" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="tf_dietcode-test-cache-")
+        atexit.register(shutil.rmtree, folder, True)  # this process started first and ends last
+        os.environ["TF_DIETCODE_TEST_CACHE"] = folder
+    os.environ["TF_DIETCODE_CACHE"] = os.environ["TF_DIETCODE_TEST_CACHE"]
+
+
+_private_user_cache()
+
+
 def shared_database():
     """The run's shared tuning database (above), for optimize() and tune() calls whose tests
     are not about the search. Processes may append to it at once: each batch of records is

@@ -71,3 +71,15 @@ def test_optimize_sized_by_example_inputs(tmp_path, capsys):
     assert cli.main([*arguments, "--example", str(tmp_path / "short.npz"), "--example", str(tmp_path / "long.npz")]) == 0
     summary = capsys.readouterr().out
     assert "serving_default.text: 2..3" in summary and "dense M=1..90 N=8 K=16" in summary
+
+
+def test_a_bad_flag_value_names_the_flag_and_the_form_it_wants(tmp_path, capsys):
+    arguments = ["optimize", "--dir", str(tmp_path), "--output_dir", str(tmp_path / "out")]
+    assert cli.main([*arguments, "--shape_range", "token_ids=1,abc"]) == 2
+    assert "--shape_range 'token_ids=1,abc': expected NAME=DIM,DIM,... (a size or LO:HI each), e.g. " \
+           "--shape_range input_ids=1,1:128 (invalid literal for int() with base 10: 'abc')" in capsys.readouterr().err
+    assert cli.main(["tune", "--m", "1:x", "--n", "8", "--k", "8", "--out", str(tmp_path / "b")]) == 2
+    assert "--m '1:x': expected LO:HI, e.g. --m 1:128" in capsys.readouterr().err
+    (tmp_path / "spec.json").write_text('[{"kind": "dense", "rows": [1, 8]}]')
+    assert cli.main(["tune", "--spec", str(tmp_path / "spec.json"), "--out", str(tmp_path / "b")]) == 2
+    assert "--spec '" in capsys.readouterr().err and not (tmp_path / "b").exists()

@@ -21,6 +21,7 @@ from tf_dietcode.tuning.database import Database
 from tf_dietcode.tuning.hardware import Hardware
 from tf_dietcode.tuning.kernel_objects import KernelObjects
 from tf_dietcode.tuning.measure import Measurement
+from tf_dietcode.tuning.progress import TuningProgress
 from tf_dietcode.tuning import micro_kernel
 from tf_dietcode.tuning.micro_kernel import MicroKernel
 from tf_dietcode.tuning.runner import LocalRunner
@@ -120,6 +121,24 @@ def test_search_is_reproducible_and_resumes_from_the_database(tmp_path):
     resumed = FormulaRunner()
     search.search(WORKLOAD, HW, resumed, options, Database(tmp_path / "a.jsonl"), progress=False)
     assert resumed.measured == []  # everything was already in the database
+
+
+def test_one_progress_display_over_a_job_names_each_workload_and_what_it_measured(tmp_path, capsys):
+    """Two searches of one job share a display (workload k of n and its name); each workload's
+    kernels measured in the job are recorded: none for one the database already holds."""
+    options = search.SearchOptions(trials=8, batch=4, population=32, samples=3, finalists=2, seed=5)
+    other = Workload("dense", (1, 100), 32, 64)
+    database = Database(tmp_path / "db.jsonl")
+    search.search(WORKLOAD, HW, FormulaRunner(), options, database, progress=False)  # tuned before
+    display = TuningProgress(2, options.trials + options.finalists)
+    runner = FormulaRunner()
+    for workload in (WORKLOAD, other):
+        search.search(workload, HW, runner, options, database, display)
+    display.close()
+    assert display.times[WORKLOAD].kernels_measured == 0
+    assert display.times[other].kernels_measured == len(runner.measured) == options.trials + options.finalists
+    shown = capsys.readouterr().err
+    assert f"workload 1/2 {WORKLOAD.describe()}" in shown and f"workload 2/2 {other.describe()}" in shown
 
 
 def test_search_ignores_records_of_kernels_its_space_no_longer_holds(tmp_path):

@@ -4,7 +4,7 @@ A tuned DietDense layer names its bundle by path, and that path must outlive
 the places a bundle comes from: tune()'s scratch directory, and the
 temporary directory Keras extracts a `.keras` file's assets into. The store
 keeps each bundle once, as `<digest>.json` and `<digest>.so` in one flat
-directory (`$TF_DIETCODE_CACHE`, default ~/.cache/tf_dietcode/bundles):
+directory (`bundles/` in the user's cache, user_cache):
 names unique per bundle, so a SavedModel's assets/ can hold the bundles of
 several layers side by side. optimize() names the bundle in its output's
 assets/ the same way: the op library keeps each bundle it loads for the life of
@@ -18,10 +18,11 @@ import os
 import pathlib
 import secrets
 
+from tf_dietcode import user_cache
+
 
 def root() -> pathlib.Path:
-    default = pathlib.Path.home() / ".cache" / "tf_dietcode" / "bundles"
-    return pathlib.Path(os.environ.get("TF_DIETCODE_CACHE", default))
+    return user_cache.directory() / "bundles"
 
 
 def files(manifest_path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.Path]:

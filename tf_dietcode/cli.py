@@ -4,47 +4,67 @@
     tf-dietcode tune --spec workloads.json --out BUNDLE_DIR [--quick] [--trials 64] [--db tuning.jsonl]
     tf-dietcode optimize --dir IN --output_dir OUT [--tag_set serve] [--signature_def KEY ...]
                          [--shape_range input_ids=1,1:128 ...] [--example inputs.npz ...]
-                         [--quick] [--trials N] [--db F] [--overwrite]
+                         [--quick] [--trials N] [--db F] [--overwrite] [--no_validate] [--report_json F]
 
 `tune` searches micro-kernels for each workload's whole range, writes a checked
 kernel bundle and prints which micro-kernel serves which M. `optimize` runs
 tf_dietcode.optimize() on a SavedModel and prints its summary; a shape range
 gives each dim of one input as a size or LO:HI, comma separated. Examples
 (representative inputs, each an .npz of one array per input, by name; text as
-str arrays) stand for optimize()'s input_fn.
+str arrays) stand for optimize()'s input_fn. Without --db, both read and extend
+the user's tuning database ($TF_DIETCODE_CACHE, else ~/.cache/tf_dietcode).
 """
 
 import argparse
 import dataclasses
 import json
+import logging
 import pathlib
 import sys
 import time
 
 
 def _range(text: str) -> tuple[int, int]:
+    """'LO:HI' or 'SIZE' -> (lo, hi); ValueError on anything else."""
     lo, _, hi = text.partition(":")
     return int(lo), int(hi or lo)
+
+
+def _parsed(flag: str, text: str, parse, form: str):
+    """parse(text), or a ValueError naming the flag, what it got and the form it wants."""
+    try:
+        return parse(text)
+    except (ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"{flag} {text!r}: expected {form} ({error})") from None
 
 
 def _workloads(args):
     from tf_dietcode.tuning.workload import Workload
 
     if args.spec:
-        return [Workload(**fields) for fields in json.loads(pathlib.Path(args.spec).read_text())]
+        form = "a JSON list of workloads, each an object of tuning.Workload's fields"
+        return _parsed("--spec", args.spec, lambda path: [Workload(**fields) for fields in
+                                                          json.loads(pathlib.Path(path).read_text())], form)
     if None in (args.m, args.n, args.k):
         raise ValueError("give --spec FILE, or --m LO:HI with --n and --k")
-    return [Workload("dense", _range(args.m), args.n, args.k, bias=args.bias, activation=args.activation,
-                     cold_weight=args.cold_weight)]
+    return [Workload("dense", _parsed("--m", args.m, _range, "LO:HI, e.g. --m 1:128"), args.n, args.k,
+                     bias=args.bias, activation=args.activation, cold_weight=args.cold_weight)]
+
+
+def _database(args):
+    """--db's database, else the user's."""
+    from tf_dietcode import user_cache
+    from tf_dietcode.tuning.database import Database
+
+    return Database(args.db) if args.db else user_cache.tuning_database()
 
 
 def _tune(args) -> int:
-    from tf_dietcode.tuning.database import Database
     from tf_dietcode.tuning.tune import tune
 
     workloads = _workloads(args)
     started = time.perf_counter()
-    report = tune(workloads, args.out, options=_budget(args), database=Database(args.db) if args.db else None)
+    report = tune(workloads, args.out, options=_budget(args), database=_database(args))
     print(f"tuned {len(workloads)} workload(s) in {time.perf_counter() - started:.0f} s; bundle: {args.out}")
     for dispatch in report.dispatches:
         _print_dispatch(dispatch)
@@ -53,13 +73,15 @@ def _tune(args) -> int:
 
 def _shape_ranges(texts: list[str]) -> dict:
     """['input_ids=1,1:128'] -> {'input_ids': [1, (1, 128)]}."""
-    ranges = {}
-    for text in texts:
+    form = "NAME=DIM,DIM,... (a size or LO:HI each), e.g. --shape_range input_ids=1,1:128"
+
+    def dims(text: str) -> tuple[str, list]:
         name, sep, dims = text.partition("=")
-        if not sep or not dims:
-            raise ValueError(f"--shape_range wants NAME=DIM,DIM,... (a size or LO:HI each), got {text!r}")
-        ranges[name] = [_range(d) if ":" in d else int(d) for d in dims.split(",")]
-    return ranges
+        if not sep or not name or not dims:
+            raise ValueError("no NAME=")
+        return name, [_range(d) if ":" in d else int(d) for d in dims.split(",")]
+
+    return dict(_parsed("--shape_range", text, dims, form) for text in texts)
 
 
 def _input_fn(paths: list[str]):
@@ -88,15 +110,16 @@ def _budget(args):
 
 def _optimize(args) -> int:
     import tf_dietcode
-    from tf_dietcode.tuning.database import Database
 
     report = tf_dietcode.optimize(args.dir, args.output_dir, tags=args.tag_set.split(","),
                                   signature_keys=args.signature_def, shape_ranges=_shape_ranges(args.shape_range),
-                                  input_fn=_input_fn(args.example),
-                                  tuning=_budget(args), database=Database(args.db) if args.db else None,
+                                  input_fn=_input_fn(args.example), tuning=_budget(args), database=_database(args),
                                   horizontal_fusion=args.horizontal_fusion,
-                                  layer_norm_fusion=not args.no_layer_norm_fusion, overwrite=args.overwrite)
+                                  layer_norm_fusion=not args.no_layer_norm_fusion, overwrite=args.overwrite,
+                                  validate=args.validate)
     print(report.summary())
+    if args.report_json:
+        pathlib.Path(args.report_json).write_text(report.to_json())
     if not report.fused:
         print("tf-dietcode optimize: no pattern could be fused; the output runs like the input", file=sys.stderr)
         return 1
@@ -162,17 +185,32 @@ def main(argv: list[str] | None = None) -> int:
                           help="keep them separate GEMMs (the default)")
     optimize.add_argument("--no_layer_norm_fusion", action="store_true",
                           help="keep layer norms as TF's ops instead of one DietcodeLayerNorm each")
+    optimize.add_argument("--no_validate", dest="validate", action="store_false",
+                          help="write the model without running it against the original first")
+    optimize.add_argument("--report_json", help="also write the report as JSON (Report.to_json) to this file")
     for command in (tune, optimize):
         command.add_argument("--quick", action="store_true", help="small search budget (demos, tests)")
         command.add_argument("--trials", type=int, help="micro-kernels to measure per workload")
         command.add_argument("--seed", type=int, default=0)
-        command.add_argument("--db", help="tuning database (JSON lines), reused and extended")
+        command.add_argument("--db", help="tuning database (JSON lines), reused and extended (default: the "
+                                          "user's, in $TF_DIETCODE_CACHE or ~/.cache/tf_dietcode)")
     args = parser.parse_args(argv)
+    _log_to_stderr()
     try:
         return _tune(args) if args.command == "tune" else _optimize(args)
     except (ValueError, TypeError, OSError, RuntimeError) as error:  # OSError: FileExistsError too
         print(f"tf-dietcode {args.command}: {error}", file=sys.stderr)
         return 2
+
+
+def _log_to_stderr() -> None:
+    """tf_dietcode's log messages (what is not progress: steps, the output check) on stderr, once."""
+    logger = logging.getLogger("tf_dietcode")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("tf-dietcode: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 if __name__ == "__main__":

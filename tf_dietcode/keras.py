@@ -170,8 +170,14 @@ def tune(model: keras.Model, shape_ranges: dict | list | None = None, *,
     shape_ranges: per model input (by name; a plain list for a single input), per dim a
     size, an inclusive (lo, hi) range or None (the declared size, or a default range),
     as for `tf_dietcode.optimize`. Layers with the same workload share kernels.
-    tuning: a `tf_dietcode.tuning.search.SearchOptions` (default: the full search).
+    tuning: a `tf_dietcode.tuning.search.SearchOptions` or a budget's name, "quick" or "default"
+    (default: the full search). database: a `tf_dietcode.tuning.database.Database` (default: the
+    user's, which every tuning reuses and extends).
     """
+    from tf_dietcode.tuning import search  # the tuner, imported when it runs
+    from tf_dietcode.tuning.progress import display_for
+
+    options = search.budget(tuning)
     layers = [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, DietDense)]
     rows, notes = _row_ranges(model, shape_ranges, layers)
     report = TuningReport(notes=notes)
@@ -190,8 +196,10 @@ def tune(model: keras.Model, shape_ranges: dict | list | None = None, *,
             report.skipped[layer.path] = f"no micro-kernel splits its {layer.units} output columns exactly"
             continue
         workloads[layer] = report.tuned[layer.path] = workload
-    bundles = {workload: tune_and_install([workload], options=tuning, database=database, progress=progress).manifest
-               for workload in dict.fromkeys(workloads.values())}
+    distinct = list(dict.fromkeys(workloads.values()))
+    with display_for(progress, len(distinct), options.trials + options.finalists) as display:  # one over all
+        bundles = {workload: tune_and_install([workload], options=options, database=database, progress=display).manifest
+                   for workload in distinct}
     for layer, workload in workloads.items():
         layer.use_bundle(bundles[workload])
     model.train_function = model.test_function = model.predict_function = None  # retraced with the bundles

@@ -10,25 +10,32 @@ bundle travels in the output's assets/, and the output appears atomically.
 import collections
 import dataclasses
 import hashlib
+import json
+import logging
 import pathlib
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
 
-from tf_dietcode import bundle_store, endpoints, serving_warmup
+from tf_dietcode import bundle_store, endpoints, output_check, serving_warmup
 from tf_dietcode.atomic_output import atomic_directory
+from tf_dietcode.coverage import PRODUCTS, Coverage
 from tf_dietcode.graph_rewrite import fusions, splice
 from tf_dietcode.graph_rewrite.analysis import shape_ranges, signature_graph
-from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex
+from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, node_name
 from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
 from tf_dietcode.graph_rewrite.fusions.contract import Found, LeftAlone, Switches, TunedFusion
 from tf_dietcode.op_library import load_op_library
+from tf_dietcode.output_check import OutputCheck
 from tf_dietcode.tuned_bundles import tune_and_install
 from tf_dietcode.tuning import hardware, search
 from tf_dietcode.tuning.workload import Workload
+
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -47,6 +54,11 @@ class Report:
     dims: dict[Workload, str] = dataclasses.field(default_factory=dict)  # its dims as the graph computes them
     output_dir: str | None = None
     warmup_requests: int = 0                              # in assets.extra/, for TF Serving
+    layers: list[dict] = dataclasses.field(default_factory=list)   # per fused match of every signature
+    coverage: Coverage | None = None                      # share of product FLOPs fused
+    output_check: OutputCheck | None = None               # None with validate=False
+    tuning_times: dict = dataclasses.field(default_factory=dict)   # Workload -> tuning.progress.WorkloadTime
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per step (convert, build, ...)
 
     def summary(self) -> str:
         lines = [f"signatures: {', '.join(self.signatures)}"]
@@ -62,10 +74,40 @@ class Report:
                   for line in fusion.summary(self.merged_by_kind.get(fusion.name, (0, 0)), self.switches)]
         lines.append(f"workloads tuned: {len(self.workloads)}")
         lines += [f"  {w.describe()}" + (f" ({self.dims[w]})" if w in self.dims else "") for w in self.workloads]
+        if self.tuning_times:
+            resumed = sum(not t.kernels_measured for t in self.tuning_times.values())
+            lines.append(f"tuning took {self.timings.get('build', 0.0):.0f} s; {resumed} of {len(self.tuning_times)} "
+                         "workloads needed no new measurement (from the tuning database)")
+        if self.coverage and self.coverage.share is not None:
+            lines.append(f"coverage: {self.coverage.share:.1%} of matmul FLOPs fused ({self.coverage.reference})")
+        if self.output_check:
+            lines.append(f"output check on {self.output_check.inputs} inputs, largest error per output "
+                         f"(bound {output_check.BOUND:g} of its largest value):")
+            lines += [f"  {e.signature}.{e.output}: " + (f"{e.error:.2g}" if e.checked else
+                                                          f"{e.error:.1%} of its elements differ (not float)")
+                      for e in self.output_check.errors]
         if self.output_dir:
             lines.append(f"written to {self.output_dir}, with {self.warmup_requests} TF Serving warm-up requests "
                          f"in {serving_warmup.WARMUP_FILE}")
         return "\n".join(lines)
+
+    def to_json(self) -> str:
+        """The report as JSON: what summary() says, plus each fused layer (its node, kind, forms,
+        precision, workload and the kernels its tree may dispatch to), the coverage, the output
+        check's error per output and the seconds each step took."""
+        return json.dumps({
+            "signatures": self.signatures, "ranges": self.ranges, "notes": self.notes,
+            "patterns": {form: {"found": n, "fused": self.fused[form]} for form, n in sorted(self.found.items())},
+            "left_alone": [dataclasses.asdict(p) for p in dict.fromkeys(self.left_alone)],
+            "layers": self.layers,
+            "workloads": [{"workload": w.describe(), "fields": json.loads(w.key()), "dims": self.dims.get(w),
+                           **(dataclasses.asdict(self.tuning_times[w]) if w in self.tuning_times else {})}
+                          for w in self.workloads],
+            "coverage": self.coverage.to_json() if self.coverage else None,
+            "output_check": self.output_check.to_json() if self.output_check else None,
+            "timings": {**self.timings, "total": sum(self.timings.values()),
+                        "output_check": self.output_check.seconds if self.output_check else None},
+            "output_dir": self.output_dir, "warmup_requests": self.warmup_requests}, indent=1)
 
     @property
     def merged(self) -> tuple[int, int]:
@@ -101,19 +143,20 @@ class Converter:
 
     def __init__(self, input_saved_model_dir: str | pathlib.Path, *, tags=("serve",),
                  signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
-                 tuning: search.SearchOptions = search.SearchOptions(), database=None,
-                 horizontal_fusion: bool = False, layer_norm_fusion: bool = True):
+                 tuning: search.SearchOptions | str = search.SearchOptions(), database=None,
+                 horizontal_fusion: bool = False, layer_norm_fusion: bool = True, validate: bool = True):
+        self.tuning, self.database, self.validate = search.budget(tuning), database, validate
         self.input_dir = pathlib.Path(input_saved_model_dir)
         if not tf.saved_model.contains_saved_model(str(self.input_dir)):
             raise ValueError(f"{self.input_dir} is not a SavedModel directory")
         self.tags, self.signature_keys, self.shape_ranges = list(tags), signature_keys, shape_ranges
-        self.tuning, self.database = tuning, database
         self.switches = Switches(horizontal_fusion=horizontal_fusion, layer_norm_fusion=layer_norm_fusion)
         self._converted = self._built = False
         self._bundle_manifest: pathlib.Path | None = None
 
     def convert(self) -> "Converter":
         """Loads the model, matches patterns in every signature and sizes them from the shape ranges."""
+        started = time.perf_counter()
         load_op_library()
         try:
             self.loaded = tf.saved_model.load(str(self.input_dir), tags=self.tags)
@@ -151,6 +194,8 @@ class Converter:
         self.report = Report(keys, self.ranges, self._range_notes + notes, found, collections.Counter(), left, [],
                              labels, self._merged(), self.switches)
         self._converted = True
+        self.report.timings["convert"] = time.perf_counter() - started
+        _log.info("%s: %d signature(s), %d pattern(s) found", self.input_dir, len(keys), sum(found.values()))
         return self
 
     def _matches(self, key: str, kinds: type = object) -> list[tuple]:
@@ -180,6 +225,7 @@ class Converter:
         also run on them (dims that follow the inputs' values, such as words split from text)."""
         if not self._converted:
             self.convert()
+        started = time.perf_counter()
         self._examples = [] if input_fn is None else list(input_fn())
         if input_fn is not None:
             self.ranges = {g.key: shape_ranges.from_examples(g.input_specs, self._examples) for g in self.graphs}
@@ -195,13 +241,14 @@ class Converter:
                                        or self._sized_at_corners(graph, tuned, cold_weights, corners_seen))
         workloads = list(dict.fromkeys(self._workloads.values()))
         self.report.workloads = workloads
-        if not workloads:
-            return self
-        self._tuning_dir = tempfile.TemporaryDirectory(prefix="tf_dietcode-")  # removed with the converter
-        # Named by content in the output's assets/ (bundle_store's docstring says why).
-        bundle = tune_and_install(workloads, pathlib.Path(self._tuning_dir.name) / "bundle", options=self.tuning,
-                                  database=self.database)
-        self._bundle_manifest, self._kernels = bundle.manifest, bundle.kernels
+        if workloads:
+            self._tuning_dir = tempfile.TemporaryDirectory(prefix="tf_dietcode-")  # removed with the converter
+            # Named by content in the output's assets/ (bundle_store's docstring says why).
+            bundle = tune_and_install(workloads, pathlib.Path(self._tuning_dir.name) / "bundle", options=self.tuning,
+                                      database=self.database)
+            self._bundle_manifest, self._kernels = bundle.manifest, bundle.kernels
+            self.report.tuning_times = bundle.times
+        self.report.timings["build"] = time.perf_counter() - started
         return self
 
     def _sized_by_graph(self, graph, tuned: list, cold_weights: bool) -> dict | None:
@@ -274,13 +321,64 @@ class Converter:
         output = _checked_output(output_saved_model_dir, self.input_dir, overwrite)
         if not self._built:
             self.build()
+        started = time.perf_counter()
         module = self._module()
+        self.report.layers, self.report.coverage = self._layers(), self._coverage()
+        signatures = {g.key: (g.input_specs, self.ranges[g.key]) for g in self.graphs}
         with atomic_directory(output) as staging:
             _save(module, staging, self._signatures, self.report.notes)
-            self.report.warmup_requests = serving_warmup.write(staging / serving_warmup.WARMUP_FILE, self._runnable(
-                serving_warmup.requests({g.key: (g.input_specs, self.ranges[g.key]) for g in self.graphs})))
+            self.report.warmup_requests = serving_warmup.write(staging / serving_warmup.WARMUP_FILE,
+                                                               self._runnable(serving_warmup.requests(signatures)))
+            if self.validate:
+                self._check_outputs(staging, signatures)
         self.report.output_dir = str(output)
+        self.report.timings["save"] = time.perf_counter() - started
+        _log.info("wrote %s", output)
         return self.report
+
+    def _check_outputs(self, staging: pathlib.Path, signatures: dict) -> None:
+        """The written model against the original (output_check); raises OutputMismatch beyond its bound."""
+        check = output_check.check(self.loaded, tf.saved_model.load(str(staging)), signatures, self._examples,
+                                   self._computations)
+        self.report.output_check = check
+        self.report.notes += check.notes
+        _log.info("output check: %d inputs, %.1f s", check.inputs, check.seconds)
+        if check.beyond_bound:
+            raise output_check.OutputMismatch(check)
+
+    def _layers(self) -> list[dict]:
+        """Per fused match of every signature (Report.to_json): its node, kind, forms, fused ops,
+        precision, and the workload and kernels of a tuned one."""
+        layers = []
+        for graph in self.graphs:
+            for fusion, match, node, ops in self._spliced[self._computations[graph.key]]:
+                workload = self._workloads.get((graph.key, node))
+                entry = self._kernels.get(workload, {})
+                layers.append({"signature": graph.key, "node": node, "kind": fusion.name,
+                               "forms": list(fusion.forms(match)), "ops": ops, "precision": output_check.PRECISION,
+                               "workload": workload.describe() if workload else None,
+                               "kernels": [kernel["name"] for kernel in entry.get("kernels", [])],
+                               "weight_layout": entry.get("weight_layout")})
+        return layers
+
+    def _coverage(self) -> Coverage:
+        """Coverage of product FLOPs, once per computation, on input_fn's inputs or else on zero inputs
+        at the middle of the ranges."""
+        coverage = Coverage("input_fn's inputs" if self._examples else "zero inputs at the middle of the shape ranges")
+        counted = set()
+        for graph in self.graphs:
+            computation = self._computations[graph.key]
+            if computation in counted:
+                continue
+            counted.add(computation)
+            shapes = shape_ranges.middle(self.ranges[graph.key])
+            inputs = [[tf.constant(example[name], spec.dtype) for name, spec in graph.input_specs.items()]
+                      for example in self._examples] or \
+                     [[tf.zeros(shapes[name], spec.dtype) for name, spec in graph.input_specs.items()]]
+            coverage.add(graph, self._rewritten[computation], inputs)
+            coverage.not_counted += [f"{graph.key}: {node}"
+                                     for node, _, _ in signature_graph.calls_left_running(graph.graph_def, PRODUCTS)]
+        return coverage
 
     def summary(self) -> str:
         return self.report.summary()
@@ -319,10 +417,11 @@ class Converter:
             module.bundle_manifest = tf.saved_model.Asset(str(manifest))
             module.bundle_library = tf.saved_model.Asset(str(library))
         rewritten_functions = {}  # signatures that compute alike (Keras' serve, serving_default) share one
+        self._rewritten, self._spliced = {}, {}
         for graph in self.graphs:
             computation = self._computations[graph.key]
             if computation not in rewritten_functions:
-                rewritten = self._rewrite(graph, module)
+                rewritten = self._rewritten[computation] = self._rewrite(graph, module)
                 module.resources_kept += [self._resources[id(t)] for t in graph.captures.values()
                                           if id(t) in self._resources]
                 function = rewritten.function()
@@ -349,9 +448,13 @@ class Converter:
                    if key == graph.key}
         binding = _Binding(graph_def, captures, kernels, lambda value: self._variable(value, module))
         replaced: dict[str, str] = {}
+        spliced = self._spliced[self._computations[graph.key]] = []  # (fusion, match, its node, its fused ops)
         for fusion in fusions.FUSIONS:
             for i, match in enumerate(self.found[graph.key][fusion.name].matches):
                 replacement = fusion.replacement(match, binding)
+                spliced.append((fusion, match, match.core if isinstance(fusion, TunedFusion) else
+                                node_name(replacement.outputs[0]),
+                                [n.op for n in replacement.graph_def.node if n.op.startswith("Dietcode")]))
                 new = splice.splice(graph_def, replacement.graph_def, replacement.bound, f"dietcode/{fusion.name}_{i}",
                                     {tensor: f"out_{j}" for j, tensor in enumerate(replacement.outputs)}, replaced)
                 outputs.update({k: new[v] for k, v in outputs.items() if v in new})
@@ -424,9 +527,17 @@ def _checked_output(output_dir: str | pathlib.Path, input_dir: str | pathlib.Pat
 
 def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: str | pathlib.Path, *,
              tags=("serve",), signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
-             input_fn=None, tuning: search.SearchOptions = search.SearchOptions(), database=None,
-             horizontal_fusion: bool = False, layer_norm_fusion: bool = True, overwrite: bool = False) -> Report:
+             input_fn=None, tuning: search.SearchOptions | str = search.SearchOptions(), database=None,
+             horizontal_fusion: bool = False, layer_norm_fusion: bool = True, overwrite: bool = False,
+             validate: bool = True) -> Report:
     """Optimizes a SavedModel for the given shape ranges (or representative inputs); returns the report.
+
+    tuning: a SearchOptions, or a budget by name: "quick" (search.QUICK) or "default".
+    database: a tuning.database.Database; by default the user's (user_cache), so a model
+    optimized again tunes only what is new (Database() tunes from scratch, in memory).
+
+    validate: run the written model against the original (output_check) and write nothing
+    where an output differs beyond float32 tolerance.
 
     horizontal_fusion: dense layers that read the same input (attention's query, key and value
     projections) run as one GEMM over their concatenated weights. Off by default: on BERT-base,
@@ -438,7 +549,8 @@ def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: 
     """
     converter = Converter(input_saved_model_dir, tags=tags, signature_keys=signature_keys,
                           shape_ranges=shape_ranges, tuning=tuning, database=database,
-                          horizontal_fusion=horizontal_fusion, layer_norm_fusion=layer_norm_fusion)
+                          horizontal_fusion=horizontal_fusion, layer_norm_fusion=layer_norm_fusion,
+                          validate=validate)
     _checked_output(output_saved_model_dir, converter.input_dir, overwrite)  # before the tuning, not after it
     converter.convert().build(input_fn)
     return converter.save(output_saved_model_dir, overwrite=overwrite)

@@ -18,11 +18,11 @@ import math
 import random
 
 import numpy as np
-from tqdm import tqdm
 
 from tf_dietcode.tuning.cost_model import CostModel, kernel_throughputs
 from tf_dietcode.tuning.database import Database
 from tf_dietcode.tuning.measure import Measurement, latest
+from tf_dietcode.tuning.progress import TuningProgress, display_for
 from tf_dietcode.tuning.workload import Workload
 
 
@@ -49,7 +49,19 @@ class SearchOptions:
 # the demo's optimize() took 106 s against 90, its kernels as fast (1.67-7.16 ms against
 # 1.62-7.33 ms at T = 1-128; session 48, Zen 3 VM).
 QUICK = SearchOptions(trials=12, batch=6, population=64, samples=4, finalists=0)
+BUDGETS = {"default": SearchOptions(), "quick": QUICK}  # optimize(tuning="quick"), keras.tune(tuning=...)
 SEEDS_PER_WORKLOAD = 2  # best kernels of each similar workload already in the database, measured first
+
+
+def budget(tuning: "SearchOptions | str | None") -> SearchOptions:
+    """A tuning budget as given, by its name in BUDGETS, or the default (None)."""
+    if tuning is None:
+        return SearchOptions()
+    if isinstance(tuning, str):
+        if tuning not in BUDGETS:
+            raise ValueError(f"unknown tuning budget {tuning!r}: give one of {sorted(BUDGETS)} or a SearchOptions")
+        return BUDGETS[tuning]
+    return tuning
 
 
 @dataclasses.dataclass
@@ -111,11 +123,12 @@ def _breed(parents: list, space_set: set, values: dict, count: int, rng: random.
 
 
 def search(workload: Workload, hw, runner, options: SearchOptions = SearchOptions(),
-           database: Database | None = None, progress: bool = True,
+           database: Database | None = None, progress: bool | TuningProgress = True,
            shapes: list[tuple[int, ...]] | None = None) -> SearchResult:
     """Tunes one workload's micro-kernels jointly for its sample shapes (by default
     sample_shapes(workload, options.samples), which span the whole range). `hw`:
-    the target (the CPU's Hardware, or a GpuTarget), which gives the space."""
+    the target (the CPU's Hardware, or a GpuTarget), which gives the space. `progress`:
+    the display of the job this search is part of, or whether to show one of its own."""
     database = database or Database()
     rng = random.Random(options.seed)
     space_list = hw.space(workload)
@@ -133,8 +146,9 @@ def search(workload: Workload, hw, runner, options: SearchOptions = SearchOption
     seeds = [k for k in database.best_kernels_elsewhere(workload, hw.name, SEEDS_PER_WORKLOAD, hw.kernel_type)
              if k in space_set]
     resumed = len(measured) >= trials  # its finalists were measured again when it was tuned
-    with tqdm(total=trials, initial=min(len(measured), trials), desc="tuning", unit="kernel",
-              disable=not progress) as bar:
+    finalists = 0 if resumed else options.finalists
+    with display_for(progress, 1, options.trials + options.finalists) as display:
+        display.start(workload, max(trials - len(measured), 0) + finalists)
         while len(measured) < trials:
             batch_size = min(options.batch, trials - len(measured))
             batch = _next_batch(model, measurements, space_list, space_set, values, measured, shapes,
@@ -144,14 +158,16 @@ def search(workload: Workload, hw, runner, options: SearchOptions = SearchOption
             measurements.extend(results)
             measured.update(batch)
             model.fit(measurements)
-            bar.update(len(batch))
-        if not resumed and options.finalists:
-            finalists = _finalists(measurements, shapes, options.finalists)
-            bar.set_postfix_str(f"timing {len(finalists)} finalists again")
-            again = runner.run(workload, finalists, shapes + between, seed=options.seed)
+            display.measured(len(batch))
+        if finalists:
+            chosen = _finalists(measurements, shapes, finalists)
+            display.status(f"timing {len(chosen)} finalists again")
+            again = runner.run(workload, chosen, shapes + between, seed=options.seed)
             database.add(workload, hw.name, again)
             measurements = latest(measurements + again)
             model.fit(measurements)
+            display.measured(len(chosen))
+        display.finish()
     return SearchResult(workload, shapes, measurements, model)
 
 

@@ -143,3 +143,8 @@ def row_range(shapes: list[list[int]], k: int) -> tuple[int, int]:
     dims make up K), over the shapes it was seen with."""
     rows = [math.prod(shape) // k for shape in shapes]
     return min(rows), max(rows)
+
+
+def middle(ranges: DimRanges) -> dict[str, list[int]]:
+    """The input shapes halfway between the lowest and the highest corner of the ranges."""
+    return {name: [lo + (hi - lo) // 2 for lo, hi in dims] for name, dims in ranges.items()}

@@ -1,0 +1,155 @@
+"""The output check: the written model against the original, before the output takes its name.
+
+Both run the same inputs: input_fn's where given, else one at the lowest corner,
+the middle and the highest corner of the shape ranges, with random floats in
+[-1, 1) in float inputs, zeros in other numbers and empty strings in text (the
+values every model accepts: token ids, masks). Per output, the error is the
+largest |optimized - original| relative to the original's largest |value|, its
+largest over the inputs is reported, and a float output beyond BOUND fails the
+check. NaN and infinities must be where the original has them. Outputs of other
+dtypes (ids, an argmax) are compared exactly and reported, the share of their
+elements that differ as their error, but never fail the check: one computed from
+floats may flip where two values nearly tie.
+
+BOUND: each fused op agrees with TF's within float32 rounding of its sums (2e-5
+of their absolute terms, docs/user-guide.md#precision); the tests hold one- and
+two-layer models to 1e-5 (rtol and atol), and the benchmarks hold 12-layer
+BERT-base and the demo encoder to 1e-4 (bench/bert_base.py, bench/demo.py), as
+rounding carries through the layers. 1e-4, here of the output's largest value
+so that it does not depend on the output's scale. A 12-layer encoder (bench's,
+hidden 256, every layer fused) read 1.6e-6 at this check's inputs and at most
+1.3e-6 on random token ids (2-vCPU AMD EPYC), while a broken rewrite (a wrong
+weight layout, a dropped bias or activation, a wrong kernel) is off by far
+more: a dense weight 1% off reads 1e-2.
+"""
+
+import dataclasses
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tf_dietcode.graph_rewrite.analysis import shape_ranges
+
+PRECISION = "float32"  # what every fused op computes in, and what BOUND is for
+BOUND = 1e-4  # float32 outputs: the largest error relative to the output's largest |value|
+SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputError:
+    signature: str
+    output: str
+    error: float    # float outputs: as BOUND measures it; others: the share of elements that differ
+    at: str         # the inputs where it was largest
+    checked: bool   # a float output, held to BOUND
+
+    @property
+    def beyond_bound(self) -> bool:
+        return self.checked and not self.error <= BOUND  # NaN too
+
+
+@dataclasses.dataclass
+class OutputCheck:
+    inputs: int                                  # input sets run on both models
+    errors: list[OutputError]                    # per signature output
+    notes: list[str]                             # inputs left out: the original fails on them
+    seconds: float = 0.0
+
+    @property
+    def beyond_bound(self) -> list[OutputError]:
+        return [e for e in self.errors if e.beyond_bound]
+
+    def to_json(self) -> dict:
+        return {"bound": BOUND, "inputs": self.inputs, "seconds": self.seconds, "notes": self.notes,
+                "outputs": [dataclasses.asdict(e) for e in self.errors]}
+
+
+class OutputMismatch(ValueError):
+    """The written model's outputs differ from the original's beyond the bound: nothing is written."""
+
+    def __init__(self, check: OutputCheck):
+        self.check = check
+        worst = ", ".join(f"{e.signature}.{e.output}: {e.error:.3g} at {e.at}" for e in check.beyond_bound)
+        super().__init__(f"the optimized model's outputs differ from the original's beyond float32 tolerance "
+                         f"({BOUND:g} of each output's largest value): {worst}; nothing was written. "
+                         "This is a bug in tf_dietcode: please report it with the model's layers "
+                         "(optimize(..., validate=False) writes the model unchecked)")
+
+
+def _inputs(specs: dict[str, tf.TensorSpec], ranges: shape_ranges.DimRanges,
+           examples: list[dict]) -> list[dict[str, tf.Tensor]]:
+    """The check's inputs for one signature, by input name."""
+    if examples:
+        return [{name: tf.constant(example[name], spec.dtype) for name, spec in specs.items()} for example in examples]
+    rng = np.random.default_rng(SEED)
+    points = [{name: [dims[end] for dims in ranges[name]] for name in specs} for end in (0, 1)]
+    points.insert(1, shape_ranges.middle(ranges))
+    return [{name: _values(spec.dtype, point[name], rng) for name, spec in specs.items()}
+            for i, point in enumerate(points) if point not in points[:i]]
+
+
+def check(original, written, signatures: dict[str, tuple[dict[str, tf.TensorSpec], shape_ranges.DimRanges]],
+          examples: list[dict], computations: dict[str, object]) -> OutputCheck:
+    """Runs both models' signatures ({key: (input specs, ranges)}) on the check's inputs, once
+    per computation (`computations`: what each key computes; Keras' serve and serving_default
+    alike)."""
+    started, runs = time.perf_counter(), 0
+    errors, notes, done = [], [], {}
+    for key, (specs, ranges) in signatures.items():
+        if computations[key] not in done:
+            found = []
+            for feed in _inputs(specs, ranges, examples):
+                at = shape_ranges.shapes_text(feed)
+                try:
+                    expected = original.signatures[key](**feed)
+                except tf.errors.OpError as error:
+                    notes.append(f"{key}: the output check left out {at}: the original model fails there "
+                                 f"({shape_ranges.op_error_summary(error)})")
+                    continue
+                runs += 1
+                try:
+                    found += _compare(key, expected, written.signatures[key](**feed), at)
+                except tf.errors.OpError as error:  # where the original runs
+                    found += [OutputError(key, name, float("inf"), f"{at} (it fails: "
+                                          f"{shape_ranges.op_error_summary(error)})", True) for name in expected]
+            done[computations[key]] = _largest(found)
+        errors += [dataclasses.replace(e, signature=key) for e in done[computations[key]]]
+    return OutputCheck(runs, errors, notes, time.perf_counter() - started)
+
+
+def _values(dtype: tf.DType, shape: list[int], rng: np.random.Generator) -> tf.Tensor:
+    if dtype.is_floating:
+        return tf.constant(rng.uniform(-1, 1, shape), dtype)
+    return tf.zeros(shape, dtype)
+
+
+def _compare(key: str, original: dict, written: dict, at: str) -> list[OutputError]:
+    """Each output's error on one input (outputs by name, as signatures return them)."""
+    return [_error(key, name, np.asarray(original[name]), np.asarray(written[name]), at) for name in original]
+
+
+def _error(key: str, name: str, expected: np.ndarray, actual: np.ndarray, at: str) -> OutputError:
+    if expected.shape != actual.shape:
+        return OutputError(key, name, float("inf"), at, True)
+    if not np.issubdtype(expected.dtype, np.floating):
+        differ = np.count_nonzero(expected != actual)
+        return OutputError(key, name, differ / expected.size if expected.size else 0.0, at, False)
+    expected, actual = expected.astype(np.float64), actual.astype(np.float64)
+    finite = np.isfinite(expected)
+    if not np.array_equal(np.isnan(expected), np.isnan(actual)) or \
+            not np.array_equal(expected[~finite & ~np.isnan(expected)], actual[~finite & ~np.isnan(expected)]):
+        return OutputError(key, name, float("inf"), at, True)
+    largest = np.abs(expected[finite]).max(initial=0.0)
+    error = np.abs(actual[finite] - expected[finite]).max(initial=0.0)
+    return OutputError(key, name, float(error / max(largest, np.finfo(np.float32).tiny)), at, True)
+
+
+def _largest(errors: list[OutputError]) -> list[OutputError]:
+    """Per (signature, output), its largest error over the inputs, in first-seen order."""
+    worst: dict[tuple[str, str], OutputError] = {}
+    for error in errors:
+        key = (error.signature, error.output)
+        if key not in worst or not error.error <= worst[key].error:
+            worst[key] = error
+    return list(worst.values())
