@@ -13,7 +13,7 @@ bazel:
 	@command -v bazel >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bazel-bootstrap >/dev/null; }
 
-$(INSTALLED): setup.py requirements.txt requirements-dev.txt $(wildcard ops/*.cc ops/*.h ops/*.json ops/*.py)
+$(INSTALLED): pyproject.toml setup.py requirements.txt requirements-dev.txt $(wildcard ops/*.cc ops/*.h ops/*.json ops/*.py)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip "setuptools>=70" wheel
 	$(PY) -m pip install -q -r requirements.txt -r requirements-dev.txt

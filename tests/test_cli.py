@@ -4,10 +4,20 @@ import json
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
+import tf_dietcode
 from tf_dietcode import cli
 from tf_dietcode.tuning import bundle
+
+
+def test_version_names_what_the_op_library_was_built_for(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith(
+        f"tf-dietcode {tf_dietcode.__version__} (op library built for TensorFlow {tf.__version__}, TVM ")
 
 
 def test_tune_from_a_spec_file_writes_a_bundle(tmp_path, capsys):

@@ -19,7 +19,8 @@ def test_loads_once_and_registers_the_ops():
 def test_build_for_another_tensorflow_is_refused_by_name(tmp_path):
     info = tmp_path / "build_info.json"
     info.write_text(json.dumps({"tensorflow": "2.22.1", "cpu_features": []}))
-    with pytest.raises(ImportError, match=r"built for TensorFlow 2\.22, found 2\.21\.\d+; rebuild"):
+    with pytest.raises(ImportError, match=r"built for TensorFlow 2\.22, found 2\.21\.\d+; install the TensorFlow it "
+                                          r"was built for: `pip install 'tensorflow==2\.22\.\*'`"):
         op_library.check_build(info, tf_version="2.21.0")
     op_library.check_build(info, tf_version="2.22.0")
 
@@ -47,6 +48,11 @@ def test_simd_features_read_from_cpuinfo(tmp_path):
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f mmx\n")
     assert cpu_features.simd_features(cpuinfo) == ["avx", "avx2", "avx512f", "fma", "sse4_2"]
     assert cpu_features.simd_features(tmp_path / "absent") == []
+
+
+def test_compiled_features_are_read_from_the_compilers_macros():
+    macros = "#define __AVX2__ 1\n#define __FMA__ 1\n#define __AVX512F__ 1\n#define __x86_64__ 1\n"
+    assert cpu_features.compiled_features(macros) == ["avx2", "avx512f", "fma"]
 
 
 def test_cpuinfo_fields_are_the_first_processors(tmp_path):

@@ -600,6 +600,25 @@ def test_runner_keeps_its_worker_between_runs_and_replaces_a_hung_one():
     assert worker.poll() is not None
 
 
+def test_the_measuring_worker_imports_the_installed_package_whatever_the_current_directory(tmp_path, monkeypatch):
+    """Run from a source tree's root, whose tf_dietcode/ folder has no tuning/ (it installs from tuning/),
+    the worker must not import that folder: a folder there that cannot be imported at all changes nothing."""
+    (tmp_path / "tf_dietcode").mkdir()
+    (tmp_path / "tf_dietcode" / "__init__.py").write_text("raise ImportError('the folder, not the package')\n")
+    monkeypatch.chdir(tmp_path)
+    results = LocalRunner(hardware.detect()).run(WORKLOAD, [MicroKernel(2, 8, 32, 1, True)], [(1,), (50,)])
+    assert all(r.seconds for r in results), results
+
+
+def test_a_workload_whose_kernels_all_failed_names_the_first_failure():
+    kernels = [MicroKernel(2, 8, 32, 1, True), MicroKernel(4, 8, 32, 1, False)]
+    failed = [Measurement.failed(k, (m,), RuntimeError(f"cannot build {k.name}")) for k in kernels for m in (1, 100)]
+    result = search.SearchResult(WORKLOAD, [(1,), (100,)], failed, cost_model.CostModel(WORKLOAD, HW))
+    with pytest.raises(RuntimeError, match=rf"ran successfully; the first failure, {kernels[0].name} at \(1,\): "
+                                           rf"RuntimeError: cannot build {kernels[0].name}$"):
+        dispatch.build_dispatch(result)
+
+
 def test_quick_tune_writes_a_checked_bundle(tmp_path):
     workloads = [Workload("dense", (1, 40), 24, 16, bias=True, activation="gelu"),
                  Workload("batch_matmul", (1, 20), (1, 20), 8, b=2)]  # two independent shape variables

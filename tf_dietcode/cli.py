@@ -1,5 +1,6 @@
 """The `tf-dietcode` command line (also `python -m tf_dietcode`).
 
+    tf-dietcode --version
     tf-dietcode tune --m 1:128 --n 2304 --k 768 --bias --activation gelu --out BUNDLE_DIR
     tf-dietcode tune --spec workloads.json --out BUNDLE_DIR [--quick] [--trials 64] [--db tuning.jsonl]
     tf-dietcode optimize --dir IN --output_dir OUT [--tag_set serve] [--signature_def KEY ...]
@@ -152,9 +153,21 @@ def _print_dispatch(dispatch) -> None:
               f"(predicted {gflops:.0f} GFLOP/s at {label}={first})")
 
 
+def _version() -> str:
+    """The package's version and what its op library was built for (read without importing TensorFlow)."""
+    from tf_dietcode import __version__, op_library
+
+    built = op_library.build_info()
+    if built is None:
+        return f"tf-dietcode {__version__} (op library not built)"
+    return (f"tf-dietcode {__version__} (op library built for TensorFlow {built['tensorflow']}, TVM {built['tvm']}, "
+            f"CPU features {' '.join(built['cpu_features']) or 'none'})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tf-dietcode", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
     tune = commands.add_parser("tune", help="tune workloads for their shape ranges and write a kernel bundle")
     tune.add_argument("--spec", help="JSON file: a list of workloads (fields of tuning.Workload)")

@@ -97,7 +97,9 @@ def build_dispatch(result: SearchResult) -> Dispatch:
     model, workload = result.model, result.workload
     measured = candidates(result)
     if not measured:
-        raise RuntimeError(f"no micro-kernel of {workload.key()} ran successfully")
+        first = next((r for r in result.measurements if r.error), None)
+        reason = f"; the first failure, {first.kernel.name} at {first.shape}: {first.error}" if first else ""
+        raise RuntimeError(f"no micro-kernel of {workload.key()} ran successfully{reason}")
     every_shape = workload.all_shapes()
     keep = workload.flops(workload.dims_over(every_shape)) > 0
     shapes = [shape for shape, kept in zip(every_shape, keep) if kept]

@@ -85,7 +85,9 @@ class LocalRunner:
     def _started_worker(self) -> subprocess.Popen:
         if self._worker is None:
             env = {**os.environ, "TVM_NUM_THREADS": str(self.hw.cores), "TVM_BIND_THREADS": "0"}
-            self._worker = subprocess.Popen([sys.executable, "-m", "tf_dietcode.tuning.runner_worker"],
+            # -P: the current directory is not put first on the worker's sys.path, where a folder named
+            # tf_dietcode (the source tree's, which has no tuning/) would hide the installed package.
+            self._worker = subprocess.Popen([sys.executable, "-P", "-m", "tf_dietcode.tuning.runner_worker"],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                             stderr=subprocess.DEVNULL, env=env)
             self._finalizer = weakref.finalize(self, _stop, self._worker)

@@ -16,14 +16,13 @@ LIBRARY=$OUT/tf_dietcode/libtf_dietcode_ops.so
 # sanitizers (they make a function's address possibly null), so those three
 # are left out; a null dereference still faults and ASan reports it.
 SANITIZE="-fsanitize=address,undefined -fno-sanitize=null,nonnull-attribute,returns-nonnull-attribute"
-# -mno-avx512f: Eigen's AVX2 kernels, not its AVX-512 ones, whose four GEMMs
-# in generic_kernel.cc took g++ 268 s alone under the sanitizers, against 34 s
-# (2-vCPU Xeon, session 69). The op library has no SIMD code of its own, so
-# only Eigen's packet width changes; tuned kernels are TVM's, unaffected.
+# setup.py's x86-64-v3 baseline gives Eigen's AVX2 kernels, not its AVX-512
+# ones, whose four GEMMs in generic_kernel.cc took g++ 268 s alone under the
+# sanitizers, against 34 s (2-vCPU Xeon, session 69).
 # -g1: line tables, all a report's stack needs (full -g: 331 s against 268).
 
 if [[ ! -f $LIBRARY || -n $(find ops setup.py "$0" -newer "$LIBRARY" -print -quit) ]]; then
-  TF_DIETCODE_CXXFLAGS="$SANITIZE -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g1 -mno-avx512f -Wno-interference-size" \
+  TF_DIETCODE_CXXFLAGS="$SANITIZE -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g1 -Wno-interference-size" \
     "$PY" setup.py -q build_ext --build-lib "$OUT" --build-temp "$OUT/obj"
 fi
 
