@@ -376,8 +376,8 @@ class Converter:
                       for example in self._examples] or \
                      [[tf.zeros(shapes[name], spec.dtype) for name, spec in graph.input_specs.items()]]
             coverage.add(graph, self._rewritten[computation], inputs)
-            coverage.not_counted += [f"{graph.key}: {node}"
-                                     for node, _, _ in signature_graph.calls_left_running(graph.graph_def, PRODUCTS)]
+            coverage.not_counted += [f"{graph.key}: {call.node}"
+                                     for call in signature_graph.calls_left_running(graph.graph_def, PRODUCTS)]
         return coverage
 
     def summary(self) -> str:
