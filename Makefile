@@ -20,13 +20,14 @@ $(INSTALLED): pyproject.toml setup.py requirements.txt requirements-dev.txt $(wi
 	$(PY) -m pip install -q --no-build-isolation -e .
 	touch $@
 
-demo: $(INSTALLED)
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.demo --quick
-
 BENCH_INSTALLED := $(VENV)/.tf_dietcode-bench-installed
 $(BENCH_INSTALLED): $(INSTALLED) requirements-bench.txt
 	$(PY) -m pip install -q -r requirements-bench.txt
 	touch $@
+
+# The main job is a benchmark (its table and plot): the bench requirements too.
+demo: $(BENCH_INSTALLED)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bench.demo --quick
 
 # The benchmark suite (bench/suite.py): docs/BENCHMARKS.md and docs/results/suite/.
 bench: $(BENCH_INSTALLED)
