@@ -83,8 +83,8 @@ def _inputs(specs: dict[str, tf.TensorSpec], ranges: shape_ranges.DimRanges,
     if examples:
         return [{name: tf.constant(example[name], spec.dtype) for name, spec in specs.items()} for example in examples]
     rng = np.random.default_rng(SEED)
-    points = [{name: [dims[end] for dims in ranges[name]] for name in specs} for end in (0, 1)]
-    points.insert(1, shape_ranges.middle(ranges))
+    lowest, highest = shape_ranges.corners(ranges)
+    points = [lowest, shape_ranges.middle(ranges), highest]
     return [{name: _values(spec.dtype, point[name], rng) for name, spec in specs.items()}
             for i, point in enumerate(points) if point not in points[:i]]
 

@@ -97,10 +97,14 @@ def from_examples(specs: dict[str, tf.TensorSpec], examples) -> DimRanges:
     return seen
 
 
+def corners(ranges: DimRanges) -> list[dict[str, list[int]]]:
+    """The input shapes at the lowest and at the highest corner of the ranges."""
+    return [{name: [dims[end] for dims in dim_ranges] for name, dim_ranges in ranges.items()} for end in (0, 1)]
+
+
 def corner_inputs(specs: dict[str, tf.TensorSpec], ranges: DimRanges) -> list[list[tf.Tensor]]:
     """Zero inputs (in specs' order) at the lowest and at the highest corner of the ranges."""
-    return [[tf.zeros([r[end] for r in ranges[name]], spec.dtype) for name, spec in specs.items()]
-            for end in (0, 1)]
+    return [[tf.zeros(corner[name], spec.dtype) for name, spec in specs.items()] for corner in corners(ranges)]
 
 
 def observed_shapes(function, specs: dict[str, tf.TensorSpec], ranges: DimRanges,
