@@ -24,6 +24,7 @@ def header(contract: dict) -> str:
     enumerators = ", ".join(_enumerator(a) for a in activations)
     names = "".join(f'    {{Activation::{_enumerator(a)}, "{a}"}},\n' for a in activations)
     attr = ", ".join(f"'{a}'" for a in activations)
+    layout = contract["low_precision_layout"]
     return f"""\
 // Generated from ops/op_contract.json by ops/op_contract_header.py: edit the JSON.
 #ifndef TF_DIETCODE_OPS_OP_CONTRACT_H_
@@ -45,6 +46,12 @@ struct ActivationName {{
 }};
 inline constexpr ActivationName kActivationNames[] = {{
 {names}}};
+
+// How the int8 and bfloat16 dense ops' weights are packed: blocks of
+// kLowPrecisionBlockColumns output columns, K in groups of
+// kLowPrecisionGroupBytes bytes within a block.
+inline constexpr int64_t kLowPrecisionBlockColumns = {int(layout["block_columns"])};
+inline constexpr int64_t kLowPrecisionGroupBytes = {int(layout["group_bytes"])};
 
 // The `activation` attr of the ops that take one.
 inline constexpr char kActivationAttr[] =

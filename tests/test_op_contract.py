@@ -24,6 +24,9 @@ CONTRACT = json.loads((REPO / "ops" / "op_contract.json").read_text())
 def test_python_reads_the_contract_in_ops():
     assert op_contract.ACTIVATIONS == tuple(CONTRACT["activations"]) and op_contract.ACTIVATIONS[0] == "none"
     assert op_contract.BUNDLE_FORMAT == CONTRACT["bundle_format"]
+    layout = CONTRACT["low_precision_layout"]
+    assert (op_contract.LOW_PRECISION_BLOCK_COLUMNS, op_contract.LOW_PRECISION_GROUP_BYTES) == \
+        (layout["block_columns"], layout["group_bytes"])
 
 
 def test_the_contract_ships_as_package_data(tmp_path):

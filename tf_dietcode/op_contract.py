@@ -15,3 +15,7 @@ _CONTRACT = json.loads(importlib.resources.files(__package__).joinpath("op_contr
 ACTIVATIONS: tuple[str, ...] = tuple(_CONTRACT["activations"])
 # The kernel-bundle manifest format the op library reads and tuning.bundle writes.
 BUNDLE_FORMAT: int = _CONTRACT["bundle_format"]
+# How the int8 and bfloat16 dense ops' weights are packed: blocks of LOW_PRECISION_BLOCK_COLUMNS output
+# columns, K in groups of LOW_PRECISION_GROUP_BYTES bytes within a block (4 int8 or 2 bfloat16 values).
+LOW_PRECISION_BLOCK_COLUMNS: int = _CONTRACT["low_precision_layout"]["block_columns"]
+LOW_PRECISION_GROUP_BYTES: int = _CONTRACT["low_precision_layout"]["group_bytes"]
