@@ -30,6 +30,18 @@ class SignatureGraph:
     captures: dict[str, tf.Tensor]         # placeholder node name -> the tensor it stands for
     graph_def: tf.compat.v1.GraphDef
 
+    def read_captures(self) -> "SignatureGraph":
+        """The same graph capturing only what its outputs read: a rewrite leaves the variables of
+        the layers it replaced unread, and a function would still capture (and a SavedModel keep) them."""
+        nodes = {node.name: node for node in self.graph_def.node}
+        reached, pending = set(), [name.split(":")[0] for name in self.output_tensors.values()]
+        while pending:
+            name = pending.pop()
+            if name not in reached and name in nodes:
+                reached.add(name)
+                pending += [tensor.lstrip("^").split(":")[0] for tensor in nodes[name].input]
+        return dataclasses.replace(self, captures={name: t for name, t in self.captures.items() if name in reached})
+
     def function(self) -> tf.types.experimental.ConcreteFunction:
         """graph_def as a function of the signature's inputs (in flat order), returning the outputs dict."""
         return wrap_function.function_from_graph_def(
