@@ -115,7 +115,7 @@ class Report:
             nodes = groups.setdefault(LayerPrecision(layer["precision"], layer["precision_why"]).describe(), {})
             if layer["kind"] == "dense":
                 nodes[layer["node"]] = None
-        lines += [f"  {described}" + (f" ({len(nodes)} dense layers): {', '.join(nodes)}" if nodes else "")
+        lines += [f"  {described}" + (f": {', '.join(nodes)}" if nodes else "")
                   for described, nodes in groups.items()]
         lines += self.accuracy_gate.summary() if self.accuracy_gate else []
         return lines

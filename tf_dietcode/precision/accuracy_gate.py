@@ -59,7 +59,7 @@ class GateResult:
         round that failed with it still in the reduced precision."""
         failed = max((r for r in self.rounds if r.in_float32 <= rank and not r.error <= self.max_error),
                      key=lambda r: r.in_float32)
-        return (f"kept by the accuracy gate (output error {failed.error:.2g} > max_error {self.max_error:g} "
+        return (f"kept by the accuracy gate (output error {failed.error:.3g} > max_error {self.max_error:g} "
                 f"with it in {self.precision})")
 
     def summary(self) -> list[str]:
