@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import numbers
 import pathlib
 import shutil
 import tempfile
@@ -179,7 +180,7 @@ class Converter:
                  precision: str = "float32", max_error: float | None = None):
         self.tuning, self.database, self.validate = search.budget(tuning), database, validate
         self.precision = modes.get(precision)
-        if max_error is not None and not (isinstance(max_error, (int, float)) and max_error > 0):
+        if max_error is not None and not (isinstance(max_error, numbers.Real) and max_error > 0):
             raise ValueError(f"max_error must be a positive number (an output's error relative to its largest "
                              f"value), got {max_error!r}")
         self.max_error = self.precision.max_error if max_error is None else float(max_error)
