@@ -97,7 +97,9 @@ class DietDense(keras.layers.Dense):
         self._converted: dict[str, keras.Variable] = {}  # the kernel as the precision's op reads it, once converted
 
     def get_config(self) -> dict:
-        return {**super().get_config(), "precision": self.precision}
+        """Dense's config, and the precision where it is not float32 (a float32 layer's is Dense's own)."""
+        config = super().get_config()
+        return config if self.precision == "float32" else {**config, "precision": self.precision}
 
     def convert_weights(self) -> None:
         """Converts the float32 kernel to the layer's precision (bfloat16, int8) into the weights

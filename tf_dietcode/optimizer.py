@@ -104,8 +104,8 @@ class Report:
         return "\n".join(lines)
 
     def _precision_summary(self) -> list[str]:
-        """The precision asked for, and each layer's, grouped by precision and why (dense layers by
-        node, other kinds counted)."""
+        """The precision asked for, and each layer's, grouped by precision and why (dense layers
+        named by node)."""
         if self.precision == "float32":
             return ["precision: float32 (precision='float32'): every fused op"]
         lines = [f"precision: {self.precision} for dense layers, on {self.kernel_path} kernels the op chooses (not "

@@ -106,7 +106,8 @@ def _read(name: str, value: np.ndarray) -> tf.Tensor:
     return tensor
 
 
-def _replacement_graph(group: DenseGroup, precision: Precision, weights: dict[str, np.ndarray]) -> tf.compat.v1.GraphDef:
+def _replacement_graph(group: DenseGroup, precision: Precision,
+                       weights: dict[str, np.ndarray]) -> tf.compat.v1.GraphDef:
     """act(x @ W + b) over x's trailing dims for a group of layers, W their weights side by side as
     `precision` converted them (`weights`, read from variables), written group-major and unstacked
     (no copy) into each member's output "out_<i>". Placeholders x, weight_<name> (one per array of

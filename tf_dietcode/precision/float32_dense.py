@@ -11,7 +11,6 @@ import tensorflow as tf
 
 from tf_dietcode import ops, output_check
 from tf_dietcode.precision.contract import Precision
-from tf_dietcode.tuning.templates import dense as dense_template
 
 IN_PLACE = {"packed": False}  # the layout of a layer whose kernels were not tuned
 
@@ -22,6 +21,8 @@ class Float32(Precision):
     tuned = True
 
     def convert(self, weight: np.ndarray, layout: dict | None) -> dict[str, np.ndarray]:
+        from tf_dietcode.tuning.templates import dense as dense_template  # the tuner (TVM): not for loading DietDense
+
         value, _ = dense_template.weight_operand(weight.T, layout or IN_PLACE)
         return {"packed": value}
 
