@@ -159,7 +159,7 @@ T, S = (1, 8), (1, 8)  # attention's lengths
 
 
 # Every dim is dynamic in the signatures. Attention's products are tuned for their lengths only (a quick tuning
-# of all four dims times 16 corners and compiles K's small sizes: 74-93 s a case on the Zen 3 VM); NN is tuned for
+# of all four dims times 16 corners and compiles K's small sizes: 74-93 s a case on a 2-core Zen 3); NN is tuned for
 # its matrix dims, a dynamic reduction among them (all four dims took it 196 s on a 2-vCPU Xeon with AVX-512), and
 # the transposed one for every dim.
 @pytest.mark.parametrize("equation,lhs,rhs,product,ranges", [
