@@ -369,8 +369,10 @@ def _needed(graph_def, outputs: list[str], controls: list[str]) -> set[str]:
 
 
 def _stateful(op: str) -> bool:
+    """Whether a node runs for its effect. Reads of variables do not: those a function must run
+    are its control outputs, and a fused layer's old weight reads go."""
     op_def = op_def_registry.get(op)
-    return op_def is not None and op_def.is_stateful and op not in ("Placeholder", "ReadVariableOp")
+    return op_def is not None and op_def.is_stateful and op != "ReadVariableOp"
 
 
 def _drop_unused(graph_def, functions: set[str]) -> None:

@@ -50,7 +50,7 @@ class SignatureBodies:
             for result in by_kind.values():
                 result.left_alone = [LeftAlone(p.form, f"{p.node} ({body.where})", p.reason)
                                      for p in result.left_alone]
-            by_kind[fusions.FUSIONS[0].name].left_alone += body.left_alone
+            by_kind[fusions.FUSIONS[0].name].left_alone += body.left_alone  # the dense kind's: reported alike
             found[scope(key, body.where)] = by_kind
         return cls(key, found_bodies, found)
 
@@ -64,9 +64,10 @@ class SignatureBodies:
     def fused_nodes(self) -> set[tuple[str, str]]:
         """(function, node) of every product a match replaces."""
         return {(body.function, core) for scope_key, body in self.scopes()
-                for fusion, match in self.tuned_or_not(scope_key) for core in _cores(fusion, match)}
+                for fusion, match in self.matches(scope_key) for core in _cores(fusion, match)}
 
-    def tuned_or_not(self, scope_key: str) -> list[tuple]:
+    def matches(self, scope_key: str) -> list[tuple]:
+        """(fusion, match) for every match in a body, the kinds in the registry's order."""
         return [(fusion, match) for fusion in fusions.FUSIONS for match in self.found[scope_key][fusion.name].matches]
 
 
@@ -76,7 +77,8 @@ def scope(key: str, where: str | None) -> str:
 
 
 def _cores(fusion, match) -> list[str]:
-    """The product nodes a match of a tuned kind replaces (a horizontal group names several)."""
+    """The product nodes a match of a tuned kind replaces (a horizontal group's core joins its
+    members' with "+")."""
     return match.core.split("+") if isinstance(fusion, TunedFusion) else []
 
 
@@ -229,7 +231,7 @@ def sized(found: SignatureBodies, observed: Observed, cold_weights: bool) -> tup
             described.setdefault(workload, f"seen running in {body.where}")
     notes = [f"{found.key}: {', '.join(cores)} in {where} did not run when optimize() ran the model (on zero "
              "inputs at the corners of the shape ranges, where a loop's length read from a scalar input is 0, and "
-             "on input_fn's inputs): their sizes are unknown, so they are fused with the generic kernel; "
+             "on input_fn's inputs if any): their sizes are unknown, so they are fused with the generic kernel; "
              "build(input_fn) / optimize(input_fn=...) with representative inputs tunes them"
              for where, cores in unseen.items()]
     notes += [f"{found.key}: the model failed while optimize() ran it to size the products in its loops and "
