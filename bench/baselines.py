@@ -91,7 +91,7 @@ def plain_arguments(operands: dict, workload: Workload, dims: dict[str, int]) ->
 
 
 # MetaSchedule's default of 30 s per build timed out all 12 candidates of a [992,768]x[2304,768] dense on a
-# 2-core Zen 1 VM (two builds at once, unroll up to 512): a slow build is part of its cost, not a failure.
+# 2-core Zen 1 (two builds at once, unroll up to 512): a slow build is part of its cost, not a failure.
 BUILD_TIMEOUT_SECONDS = 300
 
 
@@ -114,7 +114,7 @@ def register_cpu_tensor_intrinsics() -> None:
     MetaSchedule imports tvm.s_tir.tensor_intrin, in the tuning process and again in
     each builder worker. Its __init__ parses every target's intrinsics from TVMScript
     (CUDA, ROCm, Hexagon, Arm, x86), and each parse calls inspect.stack(), which walks
-    every loaded module: 39 s on a Zen 1 VM, 28 s of it CUDA's. A CPU tune uses only
+    every loaded module: 39 s on a 2-core Zen 1, 28 s of it CUDA's. A CPU tune uses only
     its own architecture's intrinsics, so the package is registered without running
     its __init__, and then that one module is imported (about 1 s)."""
     package = "tvm.s_tir.tensor_intrin"

@@ -103,8 +103,9 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
                 if quick else ""),
              "## Machine\n\n" + machine(),
              "## Method\n\n" + METHOD,
-             "## Peak\n\n" + table(["measure", "threads", "GFLOP/s"],
-                                   [[r["measure"], f"{r['threads']:.0f}", f"{r['gflops']:.0f}"] for r in peaks])]
+             "## Peak\n\n" + table(["measure", "threads", "value"],
+                                   [[r["measure"], f"{r['threads']:.0f}", f"{r['value']:.0f} {r['unit']}"]
+                                    for r in peaks])]
 
     tuned_speedups = speedups(tuned, "dietcode")
     peer_speedups = {peer: speedups(kernels, peer) for peer in KERNEL_PEERS}

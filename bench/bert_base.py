@@ -9,8 +9,7 @@ batch 1..max(batches) and T in [1, 128], and times at every (batch, T):
 - dietcode: the SavedModel optimize() writes with its defaults (horizontal
   fusion off: Q, K and V as three GEMMs);
 - dietcode_merged_qkv (full run only): optimized with horizontal fusion (Q, K
-  and V as one GEMM), from the same database. In sessions 41-44 merging was
-  the default and this variant was dietcode_separate_qkv;
+  and V as one GEMM), from the same database;
 - xla: the original signature inside tf.function(jit_compile=True), steady
   state (each new shape's compilation happens in the warm-up call);
 - onnxruntime: the original converted with tf2onnx, run by ONNX Runtime with

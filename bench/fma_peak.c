@@ -3,7 +3,7 @@
  * count. Built and run by bench/peak.py with -O3 -march=native -fopenmp.
  *
  * The threads run a warm-up before a barrier, and only the loop after it is
- * timed: on the Zen 3 VM a new OpenMP thread often started on its parent's
+ * timed: on a 2-core Zen 3 a new OpenMP thread often started on its parent's
  * vCPU and moved only milliseconds later, so a run timed from the parallel
  * region's start read 158-171 GFLOP/s on 2 threads where the settled threads
  * reach ~200 (two 1-thread processes side by side: 98-102 each). */

@@ -1,7 +1,7 @@
 """TF with oneDNN off as a peer. TF reads TF_ENABLE_ONEDNN_OPTS once at start-up,
 so a benchmark times that peer in a child process of itself, run with
 `--onednn-off-worker`, which writes its timings as JSON; the ratio to the
-parent's TF timings then crosses processes (and carries this VM's drift)."""
+parent's TF timings then crosses processes (and carries the machine's drift between them)."""
 
 import json
 import os

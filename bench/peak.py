@@ -1,11 +1,13 @@
-"""The machine's measured float32 peaks (GFLOP/s), so kernels read as a fraction of them.
+"""The machine's measured limits, so kernels read as a fraction of them.
 
     python -m bench.peak [--threads 2] [--out bench/results]
 
-Two figures: an FMA loop (bench/fma_peak.c, built with the host's vector ISA;
-the best of a few runs, as a peak is a maximum) and TF's own large GEMM
-(2048^3, in-graph, median), what a tuned library reaches on this machine.
-Writes peak.csv.
+Three figures: an FMA loop (bench/fma_peak.c, built with the host's vector ISA;
+the best of a few runs, as a peak is a maximum), TF's own large GEMM (2048^3,
+in-graph, median), what a tuned library reaches on this machine, and the
+streaming-read bandwidth from DRAM (bench/stream_read.c, best of a few runs),
+the limit of a layer that reads its weights once per call (small T).
+Writes peak.csv (measure, threads, value, unit).
 """
 
 import argparse
@@ -15,26 +17,46 @@ import tempfile
 
 from bench import report
 
-SOURCE = pathlib.Path(__file__).with_name("fma_peak.c")
+HERE = pathlib.Path(__file__).parent
 LARGE = 2048
 
 
-def build_fma_loop(directory: pathlib.Path) -> pathlib.Path:
-    """The FMA loop compiled for this host's vector ISA, as `directory`/fma_peak."""
-    binary = directory / "fma_peak"
-    subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", str(SOURCE), "-o", str(binary)], check=True)
+def build(source: str, directory: pathlib.Path) -> pathlib.Path:
+    """bench/<source>.c compiled for this host's vector ISA, as `directory`/<source>."""
+    binary = directory / source
+    subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", str(HERE / f"{source}.c"), "-o", str(binary)],
+                   check=True)
     return binary
 
 
-def fma_loop_gflops(binary: pathlib.Path, threads: int) -> float:
-    """One run of the built FMA loop (about 60 ms), in its own process: GFLOP/s."""
+def build_fma_loop(directory: pathlib.Path) -> pathlib.Path:
+    return build("fma_peak", directory)
+
+
+def run_measure(binary: pathlib.Path, threads: int) -> float:
+    """One run of a built measure, in its own process: the figure it prints."""
     return float(subprocess.run([str(binary), str(threads)], check=True, capture_output=True, text=True).stdout)
 
 
-def fma_peak_gflops(threads: int, runs: int = 5) -> float:
+def fma_loop_gflops(binary: pathlib.Path, threads: int) -> float:
+    """One run of the built FMA loop (about 60 ms): GFLOP/s."""
+    return run_measure(binary, threads)
+
+
+def best_of(source: str, threads: int, runs: int) -> float:
+    """The best of `runs` runs of bench/<source>.c, a maximum as peaks are."""
     with tempfile.TemporaryDirectory() as scratch:
-        binary = build_fma_loop(pathlib.Path(scratch))
-        return max(fma_loop_gflops(binary, threads) for _ in range(runs))
+        binary = build(source, pathlib.Path(scratch))
+        return max(run_measure(binary, threads) for _ in range(runs))
+
+
+def fma_peak_gflops(threads: int, runs: int = 5) -> float:
+    return best_of("fma_peak", threads, runs)
+
+
+def stream_read_gbps(threads: int, runs: int = 3) -> float:
+    """DRAM streaming-read bandwidth (GB/s) on `threads` threads (about 0.5 s a run)."""
+    return best_of("stream_read", threads, runs)
 
 
 def large_sgemm_gflops(threads: int) -> float:
@@ -54,13 +76,16 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args(argv)
-    rows = [{"measure": "fma_loop", "threads": args.threads, "gflops": fma_peak_gflops(args.threads)},
+    rows = [{"measure": "fma_loop", "threads": args.threads, "value": fma_peak_gflops(args.threads),
+             "unit": "GFLOP/s"},
             {"measure": f"tensorflow_sgemm_{LARGE}", "threads": args.threads,
-             "gflops": large_sgemm_gflops(args.threads)}]
+             "value": large_sgemm_gflops(args.threads), "unit": "GFLOP/s"},
+            {"measure": "dram_stream_read", "threads": args.threads, "value": stream_read_gbps(args.threads),
+             "unit": "GB/s"}]
     args.out.mkdir(parents=True, exist_ok=True)
     report.write_csv(rows, args.out / "peak.csv")
     for row in rows:
-        print(f"{row['measure']:>22s}, {row['threads']} thread(s): {row['gflops']:.0f} GFLOP/s")
+        print(f"{row['measure']:>22s}, {row['threads']} thread(s): {row['value']:.0f} {row['unit']}")
 
 
 if __name__ == "__main__":

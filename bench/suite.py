@@ -7,9 +7,8 @@ once on this 2-core machine), from a fresh output directory (so tuning times
 are not shortened by an earlier run's database):
 peak, kernel_peers, tuned_kernels, tuning_cost (which reads tuned_kernels'
 DietCode and largest-shape runs), bert_base. --quick gives each part its quick
-mode (a few T, the quick tuning budget): 11.2-14.9 minutes on the Zen 3 VM
-of sessions 24-26, 16.4-18.5 on the Zen 1 VM of sessions 21-23; the full run takes
-about 1.5 hours.
+mode (a few T, the quick tuning budget): 11-15 minutes on a 2-core Zen 3 or Zen 4,
+16-19 on a 2-core Zen 1; the full run takes about 1.5 hours.
 Then copies every CSV and plot into <docs>/results/suite/ and writes
 <docs>/BENCHMARKS.md from those CSVs alone.
 """

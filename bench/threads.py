@@ -17,7 +17,7 @@ def use_tvm_threads(threads: int = 2) -> None:
     """Must run before TVM's pool starts (at the first parallel kernel called from Python).
 
     Its threads yield in a loop after a kernel's last call before they sleep: 300000
-    sched_yields by default, ~170 ms of a full core on this VM, which took a core from TF timed
+    sched_yields by default, ~170 ms of a full core on a 2-core machine, which took a core from TF timed
     next. Fewer yields last longer than they look once TF's threads want the core (each yield
     waits for one of theirs to block): with 2000, TF's dense batch 1 at T = 5 timed right after
     a kernel still ran 1.1-2x its time alone. 100 carries them across the back-to-back calls of a

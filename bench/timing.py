@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-ROUNDS = 21  # 7 read NN's 2 us kernel at T = 1 as 1.10x its static build; 41 read 0.97-1.02 (session 53)
+ROUNDS = 21  # 7 read NN's 2 us kernel at T = 1 as 1.10x its static build; 41 read 0.97-1.02
 ROUND_SECONDS = 0.03
 BOOTSTRAP_SAMPLES = 2000
 BLOCK_ROUNDS = 7  # rounds of blocks of whole calls (block_seconds)
@@ -100,7 +100,7 @@ def tvm_timer(module, name: str, arguments, round_seconds: float = ROUND_SECONDS
 def round_samples(*timers: Callable[[], float]) -> np.ndarray:
     """ROUNDS samples of each timer (timers x rounds), taken in interleaved rounds.
 
-    Why interleaved: this VM's speed drifts by tens of % within seconds (the FMA
+    Why interleaved: a shared 2-core machine's speed drifts by tens of % within seconds (the FMA
     peak read 37-68 GFLOP/s across one hour), so computations timed one after another
     compare their moments as much as themselves; in rounds, each round times every
     one at nearly the same moment. The rounds' orders are balanced (measure.interleaved):
@@ -125,10 +125,10 @@ def tvm_seconds(*calls: tuple) -> list[float]:
 def paired_ratio(numerator: np.ndarray, denominator: np.ndarray) -> float:
     """The median over rounds of one round's ratio of two timers' samples.
 
-    Why paired: a slow patch of this VM spans seconds, so it lands on both samples of a
+    Why paired: a slow patch of a shared machine spans seconds, so it lands on both samples of a
     round, and a round's ratio cancels it where the ratio of the two medians need not (each
-    median may fall in another patch). Six repeats of 21 rounds of the same cells (session 64,
-    Zen 3 VM: dense batch 16 T = 24, batch 1 T = 43, NT T = 43, NN T = 17, batch 16 T = 100)
+    median may fall in another patch). Six repeats of 21 rounds of the same cells (2-core
+    Zen 3: dense batch 16 T = 24, batch 1 T = 43, NT T = 43, NN T = 17, batch 16 T = 100)
     gave the bundle's kernel over its static build a spread (sd of the log) of 0.003-0.010
     paired against 0.007-0.016 as a ratio of medians; against TF's in-graph sample, timed by
     another mechanism, pairing did not narrow it (0.016-0.048 against 0.016-0.042)."""
@@ -149,10 +149,10 @@ def alternating_pairs(first: Callable[[], float], second: Callable[[], float],
     """`rounds` pairs of one sample of each timer, back to back, the order alternating: the
     first's samples and the second's.
 
-    Why one sample each: this VM has slow patches of tens of ms, so the two sides of a ratio must
+    Why one sample each: a shared machine has slow patches of tens of ms, so the two sides of a ratio must
     be timed at nearly the same moment (rounds of a median of 3 op samples against a median of 21
     kernel samples compared a second's window with a third of one). No pause between them: an op
-    timed after a pause of 1 s ran 1.1-1.8x its time alone (the VM idles its cores); TVM's pool
+    timed after a pause of 1 s ran 1.1-1.8x its time alone (the machine idles its cores); TVM's pool
     thread no longer yields into the op's timing (bench.threads.use_tvm_threads)."""
     pairs = []
     for i in range(rounds):

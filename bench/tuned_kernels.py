@@ -14,7 +14,7 @@ Times are medians over the rounds; symbolic over static is the median of the
 rounds' ratios (bench.timing.paired_ratio). Each peer's speed is given as a fraction of the
 FMA peak measured once before tuning (the best of 5 runs, `fraction_of_fma_peak`)
 and, paired, of the FMA loop run in the same rounds (`fraction_of_fma_loop_in_rounds`):
-this VM's speed drifts by several percent over the half hour between the two,
+a shared machine's speed drifts by several percent over the half hour between the two,
 which the first carries and the second cancels. Writes tuned_kernels.csv and
 tuned_kernels.png; prints tuning time and speed-ups.
 The Nimble-like baseline (tune the largest shape only, use its best kernel for
@@ -95,7 +95,7 @@ def read_bundle_manifest(directory: pathlib.Path) -> dict:
 def exported(executable, path: pathlib.Path):
     """The compiled kernel written to a shared library and loaded from it, as the bundle's kernels are.
     Timed JIT-compiled instead, NN's 1.5 us kernels at T = 1 ran 1.5-2% faster than the same code
-    loaded from a library (symbolic and static builds alike; Zen 3 VM), which would count against
+    loaded from a library (symbolic and static builds alike; 2-core Zen 3), which would count against
     the symbolic kernel's AOT ratio."""
     executable.export_library(str(path))
     return tvm.runtime.load_module(str(path))
@@ -104,7 +104,7 @@ def exported(executable, path: pathlib.Path):
 def tf_timer(tf_peer, operands: dict) -> Callable[[], float]:
     """One sample of TF's peer on the operands, timed in-graph over at least timing.ROUND_SECONDS.
 
-    Timed in the kernels' rounds: this VM has slow patches of seconds (TF read 60 ms for
+    Timed in the kernels' rounds: a shared machine has slow patches of seconds (TF read 60 ms for
     dense batch 16 at T = 119 in one run, 30 ms in the runs around it), which landed on one
     side of a ratio alone while TF was timed apart from the kernels (before them, while TVM's
     pool threads spun after every kernel for ~170 ms: bench.threads.use_tvm_threads)."""

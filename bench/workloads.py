@@ -46,7 +46,7 @@ def tf_dense(a: tf.Tensor, w: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
 
     The paper writes the product X W^T; given W as [N, K] with transpose_b, TF's
     MatMul ran 11x slower at M = 1, 7x at M = 5, 1.9x at M = 17 and 1.15-1.28x
-    at M = 62-128 on the Zen 1 VM (interleaved, in-graph), which flattered
+    at M = 62-128 on a 2-core Zen 1 (interleaved, in-graph), which flattered
     every kernel compared with it.
     """
     return reference.fused_matmul(a, w, bias)

@@ -66,3 +66,30 @@ def splice(graph_def: tf.compat.v1.GraphDef, replacement: tf.compat.v1.GraphDef,
             node.input[:] = [new_outputs.get(tensor_name(i), i) for i in node.input]
     replaced.update(new_outputs)
     return new_outputs
+
+
+def splice_matches(graph_def: tf.compat.v1.GraphDef, kinds: list, found: dict,
+                   binding_for: Callable) -> tuple[list, dict]:
+    """Every match of every kind (in `kinds`' order, each one's matches in theirs; found: kind
+    name -> fusions.contract.Found) replaced by its kind's op, bound through `binding_for(match)`.
+    Returns (kind, match, its replacement's outputs, its Dietcode ops) per match, and the map
+    of replaced tensors (old -> new; follow it with `resolve`)."""
+    replaced: dict[str, str] = {}
+    spliced = []
+    for kind in kinds:
+        for i, match in enumerate(found[kind.name].matches):
+            replacement = kind.replacement(match, binding_for(match))
+            spliced.append((kind, match, replacement.outputs,
+                            [n.op for n in replacement.graph_def.node if n.op.startswith("Dietcode")]))
+            splice(graph_def, replacement.graph_def, replacement.bound, f"dietcode/{kind.name}_{i}",
+                   {tensor: f"out_{j}" for j, tensor in enumerate(replacement.outputs)}, replaced)
+    return spliced, replaced
+
+
+def resolve(replaced: dict[str, str], tensor: str) -> str:
+    """What reads `tensor` now that matches were spliced in (a replacement's output may be replaced in turn)."""
+    seen = set()
+    while tensor_name(tensor) in replaced and tensor not in seen:
+        seen.add(tensor)
+        tensor = replaced[tensor_name(tensor)]
+    return tensor

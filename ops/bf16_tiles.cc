@@ -17,8 +17,9 @@ struct Avx2Bf16 {
   static constexpr int kBlocks = 1;
 
   template <int R, int NB>
-  static void Tile(const uint8_t* act, int64_t act_stride, const uint8_t* w,
-                   int64_t groups, float* c) {
+  __attribute__((target("avx2,fma"))) static void Tile(
+      const uint8_t* act, int64_t act_stride, const uint8_t* w, int64_t groups,
+      float* c) {
     static_assert(NB == 1);
     const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
     __m256 acc[R][2];
@@ -100,6 +101,7 @@ constexpr Bf16Kernel kAvx512{{"avx512_bf16", Avx512Bf16::kRows, 1,
 
 // 8 floats rounded to bfloat16, in the high half of each lane: to nearest
 // even, NaN kept NaN (quietened: rounding could carry its payload into Inf).
+__attribute__((target("avx2,fma")))
 __m256i RoundToBf16(const float* x) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
@@ -124,6 +126,7 @@ Bf16Kernel ChooseBf16Kernel(const CpuIsa& isa) {
   return kAvx2;
 }
 
+__attribute__((target("avx2,fma")))
 void RoundRowsToBf16(const float* a, int64_t rows, int64_t k, bool widened,
                      uint8_t* out, int64_t stride) {
   alignas(32) float tail[8];

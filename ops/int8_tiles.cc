@@ -21,8 +21,9 @@ struct Avx2Int8 {
   static constexpr int kBlocks = 1;
 
   template <int R, int NB>
-  static void Tile(const uint8_t* act, int64_t act_stride, const uint8_t* w,
-                   int64_t groups, int32_t* c) {
+  __attribute__((target("avx2,fma"))) static void Tile(
+      const uint8_t* act, int64_t act_stride, const uint8_t* w, int64_t groups,
+      int32_t* c) {
     static_assert(NB == 1);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc[R][2];
@@ -99,6 +100,7 @@ constexpr Int8Kernel kAvx512Vnni{{"avx512_vnni", Avx512VnniInt8::kRows, 1,
                                  true};
 
 // max |x| over the row, and whether any element is NaN or Inf.
+__attribute__((target("avx2,fma")))
 float AbsMax(const float* x, int64_t k, bool* finite) {
   const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
   const __m256i largest = _mm256_set1_epi32(0x7f7fffff);
@@ -129,6 +131,7 @@ float AbsMax(const float* x, int64_t k, bool* finite) {
 }
 
 // clamp(rint(x / s), -127, 127) of 8 values, as 8 bytes (xor `bias`).
+__attribute__((target("avx2,fma")))
 int64_t Quantize8(const float* x, __m256 s, __m128i bias) {
   const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
   __m256 v = _mm256_div_ps(_mm256_loadu_ps(x), s);
@@ -148,6 +151,7 @@ Int8Kernel ChooseInt8Kernel(const CpuIsa& isa) {
   return kAvx2;
 }
 
+__attribute__((target("avx2,fma")))
 void QuantizeRows(const float* a, int64_t rows, int64_t k, bool biased,
                   uint8_t* q, int64_t stride, float* scale) {
   const uint8_t zero = biased ? 0x80 : 0;

@@ -1,5 +1,8 @@
 // Micro-kernels of the int8 and bfloat16 dense ops, one per instruction set,
-// and the once-per-call preparation of their activations.
+// and the once-per-call preparation of their activations. Each kernel names
+// its instruction set in a target attribute, so the library compiles for any
+// x86-64 baseline (Bazel builds without setup.py's x86-64-v3); the AVX2 ones
+// are the floor these ops need.
 //
 // Both ops read the packed weight of op_contract.h: blocks of
 // kLowPrecisionBlockColumns (16) columns, each block K in groups of

@@ -23,7 +23,7 @@ thread_local PoolUse pool_use = PoolUse::kPoolOnly;
 
 // How long a launcher that ran tasks itself spins for the pool's last one
 // before it blocks: a blocked launcher takes tens of microseconds to wake on
-// the VMs measured, about what a pool thread that woke late lags behind.
+// the 2-core machines measured, about what a pool thread that woke late lags behind.
 constexpr int64_t kJoinedSpinMicros = 200;
 
 // A spin-wait hint to the core (and to its hyperthread sibling).

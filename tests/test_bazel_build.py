@@ -39,14 +39,16 @@ def test_alwayslink_library_registers_every_op_with_its_cpu_kernel(bazel_build):
     result = subprocess.run([str(bazel_build["registered_ops"])], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     kernels = dict(line.split(" ", 1) for line in result.stdout.splitlines())
-    assert set(kernels) == registered_in_source() and len(kernels) == 6  # 3 fused ops, bundle stats, layer norm, softmax
+    # 3 fused ops, bundle stats, layer norm, softmax, the int8 and bfloat16 dense ops and their ISA report
+    assert set(kernels) == registered_in_source() and len(kernels) == 9
     assert all("device='CPU'" in devices for devices in kernels.values()), kernels
 
 
 def test_bazel_built_op_library_passes_the_op_tests(bazel_build):
     env = {**os.environ, "TF_DIETCODE_OP_LIBRARY": str(bazel_build["op_library"])}
     tests = [str(REPO / "tests" / name) for name in ("test_fused_matmul.py", "test_fused_batch_matmul.py",
-                                                     "test_tuned_ops.py", "test_bad_input.py", "test_layer_norm.py")]
+                                                     "test_tuned_ops.py", "test_bad_input.py", "test_layer_norm.py",
+                                                     "test_int8_matmul.py", "test_bf16_matmul.py")]
     result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *tests],
                             capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:]

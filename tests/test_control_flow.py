@@ -1,7 +1,7 @@
 """Models with loops: bounded by a scalar input or by the data, nested, holding conds or ops the
-rewriter does not know. optimize() fuses the top-level graph, leaves the bodies to TF with a note
-naming them and the products they keep, and saves a model whose outputs are the original's.
-(A cond and an XLA function at the top level: test_optimize.py.)"""
+rewriter does not know. optimize() never fails on them: it fuses the top-level graph and the
+loops' and conds' bodies (graph_rewrite.bodies; tuned bodies: test_loop_bodies.py), and saves a
+model whose outputs are the original's. (A cond and an XLA function at the top level: test_optimize.py.)"""
 
 import keras
 import numpy as np
@@ -82,17 +82,19 @@ def _assert_same_translations(optimized_dir, module, rng):
         np.testing.assert_array_equal(optimized(tokens=tokens, max_len=tf.constant(max_len))["ids"], expected)
 
 
-def test_a_tutorial_style_translator_has_its_encoder_fused_and_its_decoding_loop_left_to_tf(translator, tmp_path,
-                                                                                          rng):
+def test_a_tutorial_style_translator_has_its_encoder_and_its_decoding_loop_fused(translator, tmp_path, rng):
     path, module = translator
     report = tf_dietcode.optimize(path, tmp_path / "out", shape_ranges=TOKEN_RANGES, tuning=TINY_TUNING,
                                   database=shared_database())
-    # the encoder (outside the loop): 4 projections, 2 attention products, the layer norm, the softmax, the FFN
-    assert report.fused == report.found and sum(report.fused.values()) == 10, report.summary()
-    assert report.workloads
-    (loop,) = [note for note in report.notes if "left to TF" in note]
-    assert "(While) are left to TF: the rewriter does not enter control-flow bodies" in loop
-    assert "while_body" in loop and "12 Einsum, 2 MatMul" in loop, loop  # the decoder's products, by function
+    # the encoder (outside the loop): 4 projections, 2 attention products, the layer norm, the softmax, the FFN;
+    # the decoder (in the loop's body): 10 dense layers, 4 attention products, 2 softmaxes
+    assert report.fused == report.found and sum(report.fused.values()) == 10 + 16, report.summary()
+    in_body = [layer for layer in report.layers if layer["where"]]
+    assert len(in_body) == 16 and all(layer["where"].startswith("while body ") for layer in in_body)
+    assert not [note for note in report.notes if "left to TF" in note], report.notes
+    # max_len is 0 on zero inputs: the loop never ran, so its products run the generic kernel, and the report says so
+    (unsized,) = [note for note in report.notes if "did not run when optimize() ran the model" in note]
+    assert "generic kernel" in unsized and "input_fn" in unsized and all(layer["workload"] is None for layer in in_body)
     assert "serving_default.max_len: scalar" in report.summary()
     _assert_same_translations(tmp_path / "out", module, rng)
 
@@ -105,7 +107,7 @@ def test_the_translator_through_the_command_line(translator, tmp_path, capsys, r
     assert cli.main([*arguments, "--shape_range", "max_len=20"]) == 2
     assert "'max_len' is a scalar" in capsys.readouterr().err and not (tmp_path / "out").exists()
     assert cli.main(arguments) == 0
-    assert "left to TF" in capsys.readouterr().out
+    assert "fused with the generic kernel" in capsys.readouterr().out  # the loop's products, not run on zero inputs
     _assert_same_translations(tmp_path / "out", module, rng)
 
 
@@ -129,7 +131,7 @@ def _unbounded_loop(rng):
         steps, h = tf.while_loop(lambda i, h: tf.reduce_max(tf.abs(h)) > 1e-3,
                                  lambda i, h: (i + 1, 0.5 * tf.tanh(tf.matmul(h, w))), (0, dense_in(x)))
         return {"out": tf.matmul(h, w_out), "steps": steps}
-    return serve, [], ["1 MatMul"]
+    return serve, [], ["while body"]
 
 
 def _cond_in_loop(rng):
@@ -140,7 +142,7 @@ def _cond_in_loop(rng):
         for _ in tf.range(steps):
             h = tf.cond(tf.reduce_sum(h) > 0, lambda: tf.tanh(tf.matmul(h, w)), lambda: 1.0 - h)
         return {"out": h}
-    return serve, [tf.TensorSpec([], tf.int32, name="steps")], ["cond_true", "1 MatMul"]
+    return serve, [tf.TensorSpec([], tf.int32, name="steps")], ["cond true branch", ", in while body"]
 
 
 def _loop_in_loop(rng):
@@ -153,7 +155,7 @@ def _loop_in_loop(rng):
             for _ in tf.range(i):
                 h = tf.tanh(tf.matmul(h, w_inner) + 0.5)
         return {"out": h}
-    return serve, [tf.TensorSpec([], tf.int32, name="steps")], ["while_body", "; ", "1 MatMul"]
+    return serve, [tf.TensorSpec([], tf.int32, name="steps")], ["while body", ", in while body"]
 
 
 def _unknown_ops_in_loop(rng):
@@ -166,20 +168,21 @@ def _unknown_ops_in_loop(rng):
             h = tf.raw_ops.CheckNumerics(tensor=tf.tanh(tf.matmul(h, w)), message="h")
             log = tf.strings.join([log, tf.strings.as_string(i * tf.strings.length(log))], separator=";")
         return {"out": h, "log": log}
-    return serve, [tf.TensorSpec([], tf.int32, name="steps")], ["1 MatMul"]
+    return serve, [tf.TensorSpec([], tf.int32, name="steps")], ["while body"]
 
 
 @pytest.mark.parametrize("model", [_unbounded_loop, _cond_in_loop, _loop_in_loop, _unknown_ops_in_loop])
-def test_loops_are_left_to_tf_with_a_note_and_the_rest_is_fused(model, tmp_path, rng):
-    serve, scalars, named = model(rng)
+def test_the_products_in_loops_are_fused_and_outputs_kept(model, tmp_path, rng):
+    serve, scalars, where = model(rng)
     module = tf.Module()
     module.serve = tf.function(serve, input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x"), *scalars])
     tf.saved_model.save(module, str(tmp_path / "in"), signatures={"serving_default": module.serve})
     report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", shape_ranges={"x": [(1, 9), 16]},
                                   tuning=TINY_TUNING, database=shared_database())
-    assert report.fused["matmul"] >= 1 and report.workloads, report.summary()  # the dense layer before the loop
-    (note,) = [note for note in report.notes if "left to TF" in note]
-    assert "while" in note and all(text in note for text in named), note
+    assert report.fused == report.found and report.workloads, report.summary()  # the dense layer before the loop
+    assert not [note for note in report.notes if "left to TF" in note], report.notes
+    in_bodies = [layer["where"] for layer in report.layers if layer["where"]]
+    assert in_bodies and all(any(text in w for w in in_bodies) for text in where), in_bodies
     optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
     for rows, steps in [(1, 3), (5, 0), (9, 5), (12, 2)]:
         inputs = {"x": rng.uniform(-1, 1, (rows, 16)).astype(np.float32)}
@@ -208,7 +211,7 @@ def test_convert_leaves_the_graphs_the_rewrite_starts_from_as_inlined(translator
     into it (an attr a lookup added once made the saved signature fail to run)."""
     path, _ = translator
     converter = tf_dietcode.Converter(path, shape_ranges=TOKEN_RANGES).convert()
-    assert sum(converter.report.found.values()) == 10
+    assert sum(converter.report.found.values()) == 10 + 16
     fresh = signature_graph.from_signature("serving_default", converter.loaded.signatures["serving_default"])
     assert converter.graphs[0].graph_def == fresh.graph_def
 

@@ -156,7 +156,7 @@ def test_search_ignores_records_of_kernels_its_space_no_longer_holds(tmp_path):
 
 
 class LevelRunner(FormulaRunner):
-    """'Measures' synthetic_seconds at a level that changes from batch to batch (the VM's moments)."""
+    """'Measures' synthetic_seconds at a level that changes from batch to batch (a shared machine's moments)."""
 
     def __init__(self, levels):
         super().__init__()

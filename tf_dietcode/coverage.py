@@ -5,10 +5,11 @@ ranges, or input_fn's inputs): the original signature runs on them with every
 product node its outputs depend on fetched. A product's FLOPs are 2 x its
 output's elements x its contracted size (a multiply and an add per term), and
 it counts as fused where the rewritten signature's outputs no longer depend on
-it (a fused op computes it instead). Products inside the functions a graph
-calls (control flow's bodies, XLA functions) run as the graph's call nodes, not
-as products: they are not counted, and the coverage names those calls (and a
-signature that fails on the reference inputs, which is not counted either).
+it (a fused op computes it instead). Products inside loops' and conds' bodies
+cannot be fetched: tf_dietcode.control_flow counts them with recorders inside
+the bodies. Those inside functions XLA compiles run as the graph's call nodes:
+they are not counted, and the coverage names those calls (and a signature that
+fails on the reference inputs, which is not counted either).
 """
 
 import collections

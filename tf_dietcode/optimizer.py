@@ -25,9 +25,9 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from tf_dietcode import bundle_store, endpoints, output_check, serving_warmup
+from tf_dietcode import bundle_store, control_flow, endpoints, output_check, serving_warmup
 from tf_dietcode.atomic_output import atomic_directory
-from tf_dietcode.coverage import PRODUCTS, Coverage
+from tf_dietcode.coverage import Coverage
 from tf_dietcode.graph_rewrite import fusions, splice
 from tf_dietcode.graph_rewrite.analysis import shape_ranges, signature_graph
 from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, node_name
@@ -160,14 +160,14 @@ def _computation(graph: signature_graph.SignatureGraph) -> tuple:
 
 
 def _left_running_note(call: signature_graph.CallLeftRunning) -> str:
-    """Where a call the rewriter does not enter keeps products, and which ops in which functions."""
+    """Where a call keeps products no fused op replaces, and which ops in which functions."""
     held = "; ".join(f"{function}: " + ", ".join(f"{count} {op}" for op, count in ops.items())
                      for function, ops in call.ops.items())
     if call.xla:
         return (f"the products in {call.node} are left to XLA (jit_compile=True), which compiles them for each new "
                 f"input shape: export the model without jit_compile to have them fused ({held})")
-    return (f"the products in {call.node} ({call.op}) are left to TF: the rewriter does not enter control-flow "
-            f"bodies, which run as in the original model ({held})")
+    return (f"the products in {call.node} ({call.op}) that no fusion kind matches are left to TF, as the original "
+            f"model runs them ({held})")
 
 
 class Converter:
@@ -209,7 +209,7 @@ class Converter:
         self.graphs = [signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys]
         self._computations = {graph.key: _computation(graph) for graph in self.graphs}
         self.found: dict[str, dict[str, Found]] = {}  # signature -> fusion kind -> what it found there
-        self.ranges, self._indexes, self._range_notes = {}, {}, []
+        self.ranges, self._indexes, self._range_notes, self._bodies = {}, {}, [], {}
         notes, left, found, labels = [], [], collections.Counter(), {}
         in_bodies = set().union(*(fusion.ops_in_bodies for fusion in fusions.FUSIONS))
         for graph in self.graphs:
@@ -220,15 +220,19 @@ class Converter:
             shapes = SymbolicShapes(index, graph.input_tensors, provisional)
             self.found[graph.key] = {fusion.name: fusion.find(index, shapes, self.switches)
                                      for fusion in fusions.FUSIONS}
-            for fusion, match in self._matches(graph.key):
-                found.update(fusion.forms(match))
-                labels.update((form, fusion.label(form)) for form in fusion.forms(match))
-            left += [p for result in self.found[graph.key].values() for p in result.left_alone]
+            bodies = self._bodies[graph.key] = control_flow.SignatureBodies.find(graph.key, graph.graph_def, index,
+                                                                                self.switches)
+            self.found.update(bodies.found)
+            for key in [graph.key, *bodies.found]:
+                for fusion, match in self._matches(key):
+                    found.update(fusion.forms(match))
+                    labels.update((form, fusion.label(form)) for form in fusion.forms(match))
+                left += [p for result in self.found[key].values() for p in result.left_alone]
             maxima = shapes.declared_maxima()
             self.ranges[graph.key], graph_notes = shape_ranges.resolve(graph.input_specs, self.shape_ranges, maxima)
             self._range_notes += [f"{graph.key}: {note}" for note in graph_notes]
             notes += [f"{graph.key}: {_left_running_note(call)}"
-                      for call in signature_graph.calls_left_running(graph.graph_def, in_bodies)]
+                      for call in signature_graph.calls_left_running(graph.graph_def, in_bodies, bodies.fused_nodes())]
         self._resources = resources
         self.report = Report(keys, self.ranges, self._range_notes + notes, found, collections.Counter(), left, [],
                              labels, self._merged(), self.switches, precision=self.precision.name,
@@ -260,10 +264,13 @@ class Converter:
         return [(fusion, match) for fusion, match in self._matches(key, TunedFusion)
                 if fusion.tuned(match) and self._precision(key, fusion, match).precision == "float32"]
 
-    def _precision(self, key: str, fusion, match) -> LayerPrecision:
-        """The precision a match of a signature runs in, and why where it is not the one asked for."""
+    def _precision(self, key: str, fusion, match, where: str | None = None) -> LayerPrecision:
+        """The precision a match of a signature (or of a body of its, `where`) runs in, and why where it
+        is not the one asked for."""
         if self.precision is modes.FLOAT32:
             return LayerPrecision("float32", "precision='float32'")
+        if where is not None:
+            return LayerPrecision("float32", control_flow.BODY_PRECISION)
         why = fusion.kept_float32(match) or self._gate_kept.get((self._computations[key], match.core))
         return LayerPrecision("float32", why) if why else LayerPrecision(self.precision.name)
 
@@ -300,6 +307,7 @@ class Converter:
             if tuned:
                 self._workloads.update(self._sized_by_graph(graph, tuned, cold_weights)
                                        or self._sized_at_corners(graph, tuned, cold_weights, corners_seen))
+            self._size_bodies(graph, cold_weights, corners_seen)
         workloads = list(dict.fromkeys(self._workloads.values()))
         self.report.workloads = workloads
         if workloads:
@@ -326,6 +334,24 @@ class Converter:
         for workload, text in described.items():
             self.report.dims.setdefault(workload, text)
         return sized
+
+    def _size_bodies(self, graph, cold_weights: bool, corners_seen: dict) -> None:
+        """Workloads of the products in the signature's loops and conds, from the shapes they run
+        with at the corners of the ranges and on input_fn's inputs (control_flow)."""
+        bodies = self._bodies[graph.key]
+        if not any(bodies.tuned(key) for key in bodies.found):
+            return
+        seen = ("bodies", self._computations[graph.key], repr(self.ranges[graph.key]))
+        if seen not in corners_seen:
+            runs = shape_ranges.corner_inputs(graph.input_specs, self.ranges[graph.key]) + \
+                [[tf.constant(example[name], spec.dtype) for name, spec in graph.input_specs.items()]
+                 for example in self._examples]
+            corners_seen[seen] = control_flow.observe(graph, bodies, runs)
+        workloads, described, notes = control_flow.sized(bodies, corners_seen[seen], cold_weights)
+        self._workloads.update(workloads)
+        for workload, text in described.items():
+            self.report.dims.setdefault(workload, text)
+        self.report.notes += notes
 
     def _not_sized_by_graph(self, graph, core: str) -> None:
         self.report.notes.append(f"{graph.key}: the dims of {core} do not follow from the graph's shapes; "
@@ -466,11 +492,11 @@ class Converter:
         precision and why, and the workload and kernels of a tuned one."""
         layers = []
         for graph in self.graphs:
-            for fusion, match, node, ops in self._spliced[self._computations[graph.key]]:
-                workload = self._workloads.get((graph.key, node))
+            for where, fusion, match, node, ops in self._spliced[self._computations[graph.key]]:
+                workload = self._workloads.get((control_flow.scope(graph.key, where), node))
                 entry = self._kernels.get(workload, {})
-                precision = self._precision(graph.key, fusion, match)
-                layers.append({"signature": graph.key, "node": node, "kind": fusion.name,
+                precision = self._precision(graph.key, fusion, match, where)
+                layers.append({"signature": graph.key, "where": where, "node": node, "kind": fusion.name,
                                "forms": list(fusion.forms(match)), "ops": ops, "precision": precision.precision,
                                "precision_why": precision.why,
                                "workload": workload.describe() if workload else None,
@@ -493,8 +519,7 @@ class Converter:
                       for example in self._examples] or \
                      [[tf.zeros(shapes[name], spec.dtype) for name, spec in graph.input_specs.items()]]
             coverage.add(graph, self._rewritten[computation], inputs)
-            coverage.not_counted += [f"{graph.key}: {call.node}"
-                                     for call in signature_graph.calls_left_running(graph.graph_def, PRODUCTS)]
+            control_flow.count_bodies(coverage, graph, self._bodies[graph.key], inputs)
         return coverage
 
     def summary(self) -> str:
@@ -550,7 +575,8 @@ class Converter:
             own = endpoints.endpoint(self.loaded, graph.key, rewritten_functions[computation], list(graph.input_specs))
             if own is not None and not hasattr(module, graph.key):  # Keras' `serve`, called as loaded.serve(x)
                 setattr(module, graph.key, own)
-            self.report.fused.update(form for fusion, match in self._matches(graph.key) for form in fusion.forms(match))
+            self.report.fused.update(form for _, fusion, match, _, _ in self._spliced[computation]
+                                     for form in fusion.forms(match))
         return module
 
     def _rewrite(self, graph: signature_graph.SignatureGraph, module: tf.Module) -> signature_graph.SignatureGraph:
@@ -569,17 +595,15 @@ class Converter:
                       for fusion, match in self._matches(graph.key)}
         binding = _Binding(graph_def, captures, kernels, lambda match: precisions[id(match)],
                            lambda value: self._variable(value, module))
-        replaced: dict[str, str] = {}
-        spliced = self._spliced[self._computations[graph.key]] = []  # (fusion, match, its node, its fused ops)
-        for fusion in fusions.FUSIONS:
-            for i, match in enumerate(self.found[graph.key][fusion.name].matches):
-                replacement = fusion.replacement(match, binding)
-                spliced.append((fusion, match, match.core if isinstance(fusion, TunedFusion) else
-                                node_name(replacement.outputs[0]),
-                                [n.op for n in replacement.graph_def.node if n.op.startswith("Dietcode")]))
-                new = splice.splice(graph_def, replacement.graph_def, replacement.bound, f"dietcode/{fusion.name}_{i}",
-                                    {tensor: f"out_{j}" for j, tensor in enumerate(replacement.outputs)}, replaced)
-                outputs.update({k: new[v] for k, v in outputs.items() if v in new})
+        done, replaced = splice.splice_matches(graph_def, fusions.FUSIONS, self.found[graph.key], lambda _: binding)
+        outputs = {name: splice.resolve(replaced, tensor) for name, tensor in outputs.items()}
+        # (where, fusion, match, its node, its fused ops); where: None, or the body it is in
+        spliced = self._spliced[self._computations[graph.key]] = [
+            (None, fusion, match, match.core if isinstance(fusion, TunedFusion) else node_name(old[0]), ops)
+            for fusion, match, old, ops in done]
+        body_kernels = {(key, core): self._kernels[workload] for (key, core), workload in self._workloads.items()
+                        if key in self._bodies[graph.key].found}
+        spliced += control_flow.rewrite(graph_def, self._bodies[graph.key], binding, body_kernels)
         return signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, outputs,
                                               captures, graph_def).read_captures()
 

@@ -83,8 +83,8 @@ def candidates(result: SearchResult) -> list[MicroKernel]:
     the other kernels' records come from their own batches' moments and reach the shapes between
     the samples only by interpolation. Voting among all, batch matmul NN's tree gave T = 5 (a
     shape between the samples 3 and 7) a kernel not timed there over the finalist timed fastest
-    there, and that kernel ran 1.29x slower than it (session 59, Zen 3 VM). Over eleven stored
-    tunings of the bench's workloads (sessions 58-59), the kernels of the finalists' trees against
+    there, and that kernel ran 1.29x slower than it (Zen 3, 2 cores). Over eleven stored
+    tunings of the bench's workloads, the kernels of the finalists' trees against
     those of the trees from all kernels, timed at the same moments at the bench's ten T: 0.961-1.031
     per tuning, geometric mean 0.992; docs/decisions.md has the cells."""
     ran = {r.kernel for r in result.measurements if r.seconds}

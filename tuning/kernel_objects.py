@@ -1,9 +1,9 @@
 """Compiled micro-kernels kept on disk, so each is compiled once: the object file the runner
 measures (linked alone into a shared library) is the one the bundle links, renamed.
 
-Compiling is most of a quick tuning's cost, and the bundle used to compile every kernel
-of its trees again: 21 of the 49 s of one test's tuning of a batch matmul with four
-dynamic dims (2-vCPU Xeon, session 69). The same machine code is measured and shipped.
+Compiling is most of a quick tuning's cost; compiling every kernel of a bundle's trees
+again took 21 of the 49 s of one test's tuning of a batch matmul with four
+dynamic dims (2-vCPU Xeon). The same machine code is measured and shipped.
 
 A tuning database with a file keeps its compiled kernels beside it (Database.kernel_objects),
 so a fresh database is a tuning from scratch, and a resumed one links what it measured;

@@ -74,7 +74,7 @@ def in_threads(function: Callable, items: Iterable, threads: int, strict: bool =
 
     Compiling kernels this way uses every core: TVM's passes and LLVM run in C++, which
     releases the GIL. 24 kernels of NN, NT and dense took 15.6 s on 2 threads against 32.9 s
-    one after another, with the same assembly (Zen 3 VM, 2 cores). Never while timing.
+    one after another, with the same assembly (2-core Zen 3). Never while timing.
     """
     def attempt(item):
         try:
@@ -145,9 +145,9 @@ def measure_modules(modules: list[tuple[MicroKernel, object]], device, workload:
     RPC), by kernel then shape. on_step(i) is called before each step of kernel i's work.
 
     The repeats are spread over time: after a warm-up call of every (kernel, shape) pair, each
-    round times every pair once, in turn (interleaved). Why: this VM's speed sits at levels
+    round times every pair once, in turn (interleaved). Why: a shared machine's speed sits at levels
     for about a second at a time (one kernel read 95, 121 or 150-175 GFLOP/s for a second
-    each, on the Zen 3 VM), so repeats back to back time one level and kernels measured one
+    each, on a 2-core Zen 3), so repeats back to back time one level and kernels measured one
     after another were compared by their moments. In one tuning of dense batch 16, the
     kernel fastest at M = 1600-2048 when timed interleaved read about half its speed at five
     of six sample shapes and lost the vote to one 10% slower.
@@ -161,7 +161,7 @@ def measure_modules(modules: list[tuple[MicroKernel, object]], device, workload:
     Builds of one micro-kernel (bench.studies.aot_pairs' symbolic and static) share their argument
     tensors at a shape, so their ratio is the code's alone: four loaded copies of one static
     NN library at T = 1 (a 1.3 us kernel), each on tensors of its own, read 1.06-1.08x the
-    time of the first listed, and 1.000-1.002x on shared tensors (2-vCPU Xeon, session 84).
+    time of the first listed, and 1.000-1.002x on shared tensors (2-vCPU Xeon).
     """
     template = templates.for_workload(workload)
     records: dict[tuple[int, tuple[int, ...]], Measurement] = {}
@@ -215,7 +215,7 @@ def interleaved(run: Callable[[int], float], counts: list[int]) -> list[list[flo
     so over the rounds every i comes first, last and right after every other alike. In one fixed
     order (bench.tuned_kernels: TF, the bundle's kernel, its static build, ...) whatever came first
     after TF's in-graph sample took it every round: there the same kernel read 1.116 and 1.031x its
-    time later in the round (dense batch 1, T = 17; 0.980 with TF left out; Zen 3 VM, session 63),
+    time later in the round (dense batch 1, T = 17; 0.980 with TF left out; 2-core Zen 3),
     on the symbolic side of the AOT ratio."""
     samples: list[list[float]] = [[] for _ in counts]
     for round_ in range(max(counts, default=0)):

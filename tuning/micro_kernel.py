@@ -97,7 +97,7 @@ def _reduction_blocks(hw: "Hardware", workload: Workload, tile_n: int, k_outer: 
     (blocks_the_reduction), else K's maximum, one loop over K. A batch-matmul block as long as
     K's maximum is no block: the kernel with K inside its column blocks computes in that order,
     and its symbolic build ran 0.83-1.00 of the blocked one's time (NN at T = 17, 62 and 119, tiles
-    of 2-4 rows, 2-4 column blocks per task; their static builds within 3% of each other; Zen 3 VM)."""
+    of 2-4 rows, 2-4 column blocks per task; their static builds within 3% of each other; 2-core Zen 3)."""
     if not blocks_the_reduction(workload, k_outer, task_n):
         return [workload.k.hi]
     blocks = _k_blocks(hw, workload, tile_n)
@@ -152,7 +152,7 @@ def _batch_tasks(workload: Workload, tile_n: int, task_n: int) -> tuple[bool, ..
     """whole_batch values. A batch matmul's tasks may be whole batches (fewer, longer
     tasks, each running its batch's column tasks in turn) or one column task of a
     batch each (more tasks, where batches are few). Each micro-kernel built both ways
-    and timed interleaved on a Zen 1 VM: NN [192,T,T]x[192,T,64], six kernels, whole
+    and timed interleaved on a 2-core Zen 1: NN [192,T,T]x[192,T,64], six kernels, whole
     batches 1.28-1.44x as fast at T = 1, 1.16-1.28x at T = 5, 1.05-1.14x at T = 17,
     even from T = 62; NT [192,T,64]x[192,T,64]^T 0.67-0.95x at T = 1 and up to 1.18x
     from T = 17. So the tuner chooses, per shape. Only where N spans more than one

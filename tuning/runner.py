@@ -7,7 +7,7 @@ LocalRunner measures in a child process (tuning/runner_worker.py) so that a
 candidate that hangs or crashes costs one timeout and is recorded as failed,
 never the tuning run; the child gets the machine's cores through TVM's thread
 pool, unpinned, and stays up between runs (starting one, mostly importing
-TVM, took 1.8 s on the Zen 1 VM: BERT-base's quick tuning started ten). A
+TVM, took 1.8 s on a 2-core Zen 1: BERT-base's quick tuning started ten). A
 child that hung or died is replaced at the next run. RPCRunner measures on
 machines behind a TVM RPC tracker.
 """

@@ -39,7 +39,7 @@ class SearchOptions:
 
 # Why 16 finalists, not 8: first timings rank kernels by luck as much as by speed (finalists timed
 # again read 0.65-1.49x their first records over the 10-90% ranges of the bench's four workloads in
-# one default-budget tuning; session 64, Zen 3 VM), and there dense batch 16's `m4_n24_k768_t1_ki_p`,
+# one default-budget tuning; Zen 3, 2 cores), and there dense batch 16's `m4_n24_k768_t1_ki_p`,
 # the largest-shape baseline's pick, came twelfth. From that tuning's first records, the tree over
 # 16 finalists ran 0.966x the time of the tree over 8 (geometric mean over the bench's ten T, paired
 # rounds; 0.91-0.96x from T = 81) and 0.993x at dense batch 1, for about 20 s more per workload.
@@ -47,7 +47,7 @@ class SearchOptions:
 
 # QUICK measures no finalists again: its 12 kernels are two batches, and with 3 finalists
 # the demo's optimize() took 106 s against 90, its kernels as fast (1.67-7.16 ms against
-# 1.62-7.33 ms at T = 1-128; session 48, Zen 3 VM).
+# 1.62-7.33 ms at T = 1-128; Zen 3, 2 cores).
 QUICK = SearchOptions(trials=12, batch=6, population=64, samples=4, finalists=0)
 BUDGETS = {"default": SearchOptions(), "quick": QUICK}  # optimize(tuning="quick"), keras.tune(tuning=...)
 SEEDS_PER_WORKLOAD = 2  # best kernels of each similar workload already in the database, measured first
@@ -175,7 +175,7 @@ def _finalists(measurements: list[Measurement], shapes: list[tuple[int, ...]], c
     """Up to `count` kernels: each sample shape's fastest, then each one's second, and so on.
 
     Why measure them again: the runner interleaves the repeats of one batch's kernels, but
-    kernels of different batches met the VM at different moments. In one dense batch 16
+    kernels of different batches met the shared machine at different moments. In one dense batch 16
     tuning, the kernel dispatched for M >= 1296 had read 181.8 GFLOP/s at M = 2048 and one
     of the same weight layout 171.8, in other batches; timed together afterwards they ran
     at 152.5 and 171.7. Measured again in one batch, the finalists, which the votes choose
@@ -185,7 +185,7 @@ def _finalists(measurements: list[Measurement], shapes: list[tuple[int, ...]], c
     two samples they interpolate each kernel's measured error. Kernels part ways there:
     batch matmul NN's `m6_n16_k128_t1_ki` ran 134 GFLOP/s at T = 49, a sample, and 109-118
     at T = 90-128, while `m2_n32_k128_t2_ki` held 127-151; with samples at 49 and 128 only,
-    the tree gave T = 62-100 to the first, 1.3-1.4x slower there (session 52, Zen 3 VM).
+    the tree gave T = 62-100 to the first, 1.3-1.4x slower there (Zen 3, 2 cores).
     """
     ranked = [[r.kernel for r in sorted((r for r in measurements if r.shape == shape and r.seconds),
                                          key=lambda r: r.seconds)] for shape in shapes]

@@ -9,7 +9,7 @@ dims and for the static shape, and times the pair RUNS times (QUICK_RUNS with
 repeats), each run on fresh operands, which both builds share (their ratio is the code's, not
 where each build's arrays lie). The reading per cell is the median ratio.
 Why: one pass of bench.tuned_kernels' 21 rounds moved a cell by 3-5% between runs
-of the same kernels on a 2-vCPU Xeon VM, about what issue 3's 5% AOT bar asks to
+of the same kernels on a 2-vCPU Xeon, about what a 5% bar on AOT builds needs to
 tell apart. Writes aot_pairs.csv (median, lowest and highest ratio per cell) and
 aot_pairs.png; prints each workload's worst median.
 """
@@ -52,7 +52,7 @@ def plot(rows: list[dict], path: pathlib.Path, title: str) -> None:
                       if row["workload"] == workload)
         ts, medians, lowest, highest = map(np.array, zip(*mine))
         axis.errorbar(ts, medians, yerr=[medians - lowest, highest - medians], marker="o", capsize=3, label=workload)
-    axis.axhline(1.05, color="red", linewidth=0.8, linestyle="--", label="issue 3's bar (1.05)")
+    axis.axhline(1.05, color="red", linewidth=0.8, linestyle="--", label="5% bar (1.05)")
     axis.axhline(1.0, color="grey", linewidth=0.8)
     axis.set_xlabel("T")
     axis.set_ylabel("symbolic / static (median of runs)")

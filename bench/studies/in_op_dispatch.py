@@ -41,7 +41,7 @@ from tf_dietcode.tuning.micro_kernel import MicroKernel  # noqa: E402
 from tf_dietcode.tuning.templates import dense  # noqa: E402
 from tf_dietcode.tuning.workload import DIMS, Workload  # noqa: E402
 
-ROUNDS = 21  # pairs of an op and a kernel sample, so the VM's drift (tens of % within seconds) hits both
+ROUNDS = 21  # pairs of an op and a kernel sample, so the machine's drift (tens of % within seconds) hits both
 SAMPLE_SECONDS = 0.05
 
 

@@ -3,10 +3,10 @@ valgrind's callgrind, split into FMAs and the rest.
 
     python -m bench.studies.instruction_counts --workload bmm_nn --kernel m6_n16_k128_t1_ki_b --T 17 --T 128 [--out DIR]
 
-Why: the 2-vCPU VMs these benches run on expose no hardware counters, and two timer-sample
-profiles of the same two builds disagreed on where a 5% gap lay (session 72). Callgrind counts
+Why: 2-vCPU virtual machines often expose no hardware counters, and two timer-sample
+profiles of the same two builds disagreed on where a 5% gap lay. Callgrind counts
 each instruction the kernel's library executes, per address: the same count on every run, so two
-builds' code outside their FMA loops compares exactly (docs/decisions.md, Benchmarks, session 73).
+builds' code outside their FMA loops compares exactly (docs/decisions.md, Benchmarks).
 A count is not a time: 31 thousand fewer instructions per call (of 1.1 million) left NN's timed
 gap where it was. Needs valgrind and objdump (binutils); each build takes a few minutes under
 valgrind. Writes instruction_counts.csv, instruction_counts.png and, per build, an annotated

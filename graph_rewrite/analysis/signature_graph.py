@@ -72,10 +72,12 @@ class CallLeftRunning:
     ops: dict[str, dict[str, int]]                  # function -> op -> count, for the functions running any
 
 
-def calls_left_running(graph_def: tf.compat.v1.GraphDef, ops: set[str]) -> list[CallLeftRunning]:
+def calls_left_running(graph_def: tf.compat.v1.GraphDef, ops: set[str],
+                       replaced: set[tuple[str, str]] = frozenset()) -> list[CallLeftRunning]:
     """The nodes whose functions the inlining left (control flow's bodies, functions XLA
     compiles) that run any of `ops`, at any depth (a loop in a loop), with the functions that run
-    them. Reads graph_def only (a proto map's [] would add the attrs it looks up)."""
+    them; nodes in `replaced` ((function, node): fused ops replace them) do not count. Reads
+    graph_def only (a proto map's [] would add the attrs it looks up)."""
     library = {f.signature.name: f for f in graph_def.library.function}
 
     def called(node) -> list[str]:
@@ -89,7 +91,8 @@ def calls_left_running(graph_def: tf.compat.v1.GraphDef, ops: set[str]) -> list[
         if name in seen or name not in library:
             return
         seen.add(name)
-        counts = collections.Counter(n.op for n in library[name].node_def if n.op in ops)
+        counts = collections.Counter(n.op for n in library[name].node_def
+                                     if n.op in ops and (name, n.name) not in replaced)
         if counts:
             found[name] = dict(sorted(counts.items()))
         for n in library[name].node_def:

@@ -121,8 +121,8 @@ def _last_axis_epsilon(index: GraphIndex, shape_of, captured: dict[str, str], no
 
 def _known_shape(index: GraphIndex, tensor: str) -> list[int] | None:
     """The tensor's static shape, or, where TF's shape inference cannot see it, the shape of the
-    fixed value it holds at optimize time. (Variable reads have shapes in the index's graph since
-    session 62, so no tested model needs the second any more.)"""
+    fixed value it holds at optimize time. (Variable reads have shapes in the index's
+    graph, so no tested model needs the second.)"""
     shape = index.shape(tensor)
     if shape is not None and None not in shape:
         return shape

@@ -18,7 +18,7 @@ LIBRARY=$OUT/tf_dietcode/libtf_dietcode_ops.so
 SANITIZE="-fsanitize=address,undefined -fno-sanitize=null,nonnull-attribute,returns-nonnull-attribute"
 # setup.py's x86-64-v3 baseline gives Eigen's AVX2 kernels, not its AVX-512
 # ones, whose four GEMMs in generic_kernel.cc took g++ 268 s alone under the
-# sanitizers, against 34 s (2-vCPU Xeon, session 69).
+# sanitizers, against 34 s (2-vCPU Xeon).
 # -g1: line tables, all a report's stack needs (full -g: 331 s against 268).
 
 if [[ ! -f $LIBRARY || -n $(find ops setup.py "$0" -newer "$LIBRARY" -print -quit) ]]; then

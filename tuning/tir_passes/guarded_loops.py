@@ -14,7 +14,7 @@ any other check stays where it was, and so does any check that divides by a
 non-constant (moved out, it would be evaluated for a loop that never runs).
 With batch matmul's x tile on the stack (templates 13), symbolic kernels ran
 1.02-1.32x as fast as before at T = 1..128 (NT [192,T,64]x[192,T,64]^T, NN
-[192,T,T]x[192,T,64]; dense within 1%; Zen 1 VM, interleaved).
+[192,T,T]x[192,T,64]; dense within 1%; 2-core Zen 1, interleaved).
 """
 
 import tvm

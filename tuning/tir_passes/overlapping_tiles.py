@@ -32,13 +32,13 @@ goes. LLVM then computes a tile's row addresses once, not a compare, a
 select and a multiply per row at each tile.
 
 Why: NT `m6_n16_k64_t1_ki_b` (one batch per task, its column tasks in turn)
-ran 1.07-1.24x its static build at T = 17-119 on a Zen 3 VM (1.0-1.04 where
+ran 1.07-1.24x its static build at T = 17-119 on a 2-core Zen 3 (1.0-1.04 where
 16 divides T). At T = 42 the symbolic build took 0.98x its time at T = 48 and
 the static build 0.88x, as its 21 tiles against 24 predict: the partial column
 task cost more than a whole one (masked stores whose accumulator halves LLVM
 moved through general registers as `<2 x i256>`, a clamped transposing copy,
-each row tile dispatched by its row count). docs/decisions.md, session 49,
-has the measurements.
+each row tile dispatched by its row count). docs/decisions.md has the
+measurements.
 
 Only output tiles: the loop variable must index a store to memory the kernel
 did not allocate (a parameter's), and the loop must not read that memory, so

@@ -7,7 +7,7 @@ launches each parallel loop on its own: two launches and two joins per call, the
 first with no iteration at all where M is below one row tile. On TVM's spinning
 pool a join costs a few microseconds; in the ops, on TF's intra-op pool, each
 launch hands its tasks to pool threads and waits for them (tens of microseconds
-on the VMs measured, docs/decisions.md "Threads"). The pass puts consecutive
+on the 2-core machines measured, docs/decisions.md "Threads"). The pass puts consecutive
 parallel loops over one variable (a loop's partitions: LoopPartition keeps its
 variable's name) in one launch point, after the per-task allocations and
 bindings each had (task_scratch's launch points): TVM's codegen then runs one

@@ -26,7 +26,7 @@ from tf_dietcode.tuning.tir_passes import (guarded_loops, overlapping_tiles, par
 # column), and split there it writes the valid columns with no check per element. With
 # the fetches split this way too (templates 11), batch matmul NT's symbolic m2_n32_k32
 # ran 6-12% faster at T = 62-128 and 2-5% slower at T = 5-17; NN and dense within 1%
-# (Zen 1 VM, interleaved). The fetches now stop at the bounds by themselves
+# (2-core Zen 1, interleaved). The fetches now stop at the bounds by themselves
 # (templates.copy_inside_bounds), leaving the write-backs and a dynamic K's last block
 # (batch_matmul.partition_the_reduction).
 # no_unroll_loop_with_extent_one: a partition of one iteration is otherwise inlined with its

@@ -92,7 +92,7 @@ def _without_clamps(copy: tir_stmt.Stmt, scope, count, fixed: int) -> tir_stmt.S
     b - a - (E - fixed) >= 0 holds in scope. Clamped, each row's address cost a compare, a `cmov` and an
     `imul` per tile, and rows no longer a fixed distance apart kept OwnRowPointers from hoisting
     their strides: NN `m6_n16_k128_t1_ki_b` at T = 17 set up its 5-row tile in 50 instructions, 72
-    before (callgrind's counts per call; 8.4 thousand fewer of 1.11 million per call, session 73).
+    before (callgrind's counts per call; 8.4 thousand fewer of 1.11 million per call).
     """
     bound = count  # E: the count, or its term that is not row_count's constant C
     if isinstance(count, tirx.Min):

@@ -7,12 +7,12 @@ reduction (LSR) kept one induction variable and rebuilt the other rows' addresse
 chain of 4-5 `lea`/`add` per two K steps (the static build reads through immediate offsets).
 NN's symbolic `m6_n16_k128_t1_ki_b` ran 1.44 / 1.21 / 1.05 / 1.04 times its static build's
 time at T = 9 / 17 / 43 / 128. LLVM's `-disable-lsr` removed the chain but slowed other
-kernels by 3-14% (session 53).
+kernels by 3-14%.
 
 Here each row's base address goes through `llvm.launder.invariant.group`, which LSR sees as
 an opaque value and CodeGenPrepare (after LSR) removes, so the loop keeps one pointer per row and
 one shared index: the same kernel ran 1.25-1.27 / 1.13-1.15 / 1.00-1.01 / 0.97-1.04 times its
-static build's time (Zen 3 VM, 2 threads, 31 interleaved rounds, two runs). Only loops reading MIN_ROWS or more rows this way are
+static build's time (2-core Zen 3, 2 threads, 31 interleaved rounds, two runs). Only loops reading MIN_ROWS or more rows this way are
 rewritten: with 4 rows LSR already kept a pointer per row (`m4_n16_k128_t1_ki_b`'s K loop
 compiled to the same instructions either way). Rows a constant distance apart are left alone:
 LLVM reads them at immediate offsets from one pointer, as in static builds.

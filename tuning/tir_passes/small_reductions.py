@@ -7,7 +7,7 @@ kernel's VERSIONS attribute (versions_attribute), for the sizes that lie in the 
 Why: a static build of a K of a few steps unrolls the whole reduction, so LLVM interleaves the
 row tiles and keeps y's few rows in registers; a symbolic build runs K as a loop of unknown trip
 count around every register tile, its chain of dependent FMAs exposed. That was most of batch
-matmul NN's distance from its static builds at T = 1-8 (Zen 3 VM, 2 threads, interleaved;
+matmul NN's distance from its static builds at T = 1-8 (2-core Zen 3, 2 threads, interleaved;
 `m5_n16_k128_t1_ko_b` symbolic over static 3.05 / 2.36 / 2.02 / 1.14 / 1.09 at T = 1 / 2 / 3 /
 5 / 8, and with the copies 1.10 / 1.09 / 1.02 / 0.92 / 0.89). In each copy the sizes are
 constants, so the passes after this one and LLVM treat it as they treat a static build.
@@ -15,7 +15,7 @@ constants, so the passes after this one and LLVM treat it as they treat a static
 The cost is compile time: 16 kernels sampled from NN's space took 12.5 s to compile without
 copies, 27.4 s with copies for sizes 1-4 and 45.4 s for 1-8. With 1-8, CI's tests ran about 8
 minutes longer (29 minutes in all, against a limit of 30), so the copies stop at 5, the
-second smallest T that issue 3's AOT bar samples; sizes 6-8 gained 0.99-1.59 -> 0.84-1.17 of
+second smallest T that the AOT comparison samples; sizes 6-8 gained 0.99-1.59 -> 0.84-1.17 of
 the static build. Only a dynamic reduction is versioned: a small dynamic M alone (dense at
 M = 1-4) timed the same with and without copies, since its reduction keeps its static length.
 """
@@ -50,7 +50,7 @@ def VersionSmallReductions(func: tirx.PrimFunc, _mod, _ctx) -> tirx.PrimFunc:  #
     dims = [binding.var for binding in bindings if binding.var.name in names]
     if len(dims) != len(names):  # each dim named is bound once, from the arguments
         return func
-    # no StmtSimplify after (session 51 had one): the constants fold in LLVM, as a static build's do, and
-    # simplified, the kernel lost the form the passes after this one recognise (decisions.md, session 52)
+    # no StmtSimplify after: the constants fold in LLVM, as a static build's do, and simplified, the
+    # kernel loses the form the passes after this one recognise (docs/decisions.md)
     return func.with_body(rebuild_loops(func.body, lambda loop, enclosing: _versions(loop, dims, sizes)
                                         if loop.kind == tir_stmt.ForKind.PARALLEL and not loops(enclosing) else loop))

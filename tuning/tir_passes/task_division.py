@@ -8,7 +8,7 @@ model's batch dims) each task divides as before.
 Why: a batch matmul's tasks are its batch dims fused, [B, H] (attention's batch and heads), and
 the index expressions of every operand repeat the 64-bit division by H (some 15 cycles on Zen
 3), which at T = 1-2 is a tenth of a task's work. LLVM replaces a division by a constant with a
-multiply, not one by a value known only at run time. Measured (Zen 3 VM, 2 threads,
+multiply, not one by a value known only at run time. Measured (2-core Zen 3, 2 threads,
 interleaved; NN kernels with copies for a small K, small_reductions): symbolic over static
 1.10-1.16 at T = 1 and 1.05-1.15 at T = 2 before, 1.03-1.05 and 1.03-1.08 after, and
 0.98-1.05 with H the constant 1 of the static build; nothing changed from T = 17.
@@ -22,7 +22,7 @@ for M, K <= 5), each operand's offset is also rewritten as one linear form in th
 quotients, bound once per task: q * s0 + (v - H * q) * s1 becomes v * s1 + q * (s0 - H * s1), with
 s0 - H * s1 worked out before the loop. LLVM steps v * s1 as a pointer, which leaves one multiply
 per operand and task instead of two (exact in wrapping 64-bit arithmetic, like the original).
-Measured (Zen 3 VM, 2 threads, interleaved, 10 NN kernels the tuner picks, each against itself
+Measured (2-core Zen 3, 2 threads, interleaved, 10 NN kernels the tuner picks, each against itself
 without it): 0.94-0.96 of the time at T = 1 for six of the seven whole-batch kernels (0.98 for
 the seventh), 0.96-1.0 at T = 2-3. Tasks that also split the columns compute the head index by a
 constant divisor ((v - 4 H q) // 4), which is not linear in v and q, and stay as they were.

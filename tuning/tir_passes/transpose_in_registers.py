@@ -113,7 +113,7 @@ def transpose_in_blocks(loop: tir_stmt.For, lanes: int,
     Why not where the copy sits right in the parallel loop (a kernel whose tasks are column tasks,
     each copy stopping at a bound that depends on the task): there LLVM took 10 s to compile the
     blocks, against 0.4 s, clamped or not, and with the compute removed too (NT
-    `m3_n64_k64_t1_ki`; session 42 saw the same). The cause is unknown; a tuning run cannot
+    `m3_n64_k64_t1_ki`). The cause is unknown; a tuning run cannot
     afford it, so those copies stay element by element."""
     copy = _transposing_copy(loop)
     if copy is None:

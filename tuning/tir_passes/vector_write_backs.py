@@ -129,7 +129,7 @@ def _below(vector: tir_stmt.BufferStore, start: int, lanes: int, bound, local: l
     Why not always masked: on AMD Zen a masked store (vmaskmovps to memory) is microcoded, and its
     mask came from 64-bit compares. NT `m4_n24_k64_t1_ko_b` at T = 17 (every column task partial)
     spent a fifth of its time in its masked stores and ran 1.11-1.15x its static build, which
-    stores the 17 columns plainly (Zen 3 VM). The mask compares 32-bit lanes: a bound is a count
+    stores the 17 columns plainly (2-core Zen 3). The mask compares 32-bit lanes: a bound is a count
     of columns."""
     columns = tirx.Ramp(tirx.const(start, "int32"), tirx.const(1, "int32"), lanes)
     masked = _masked(vector, columns < tirx.Broadcast(tirx.Cast("int32", bound), lanes), local)

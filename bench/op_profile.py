@@ -1,0 +1,216 @@
+"""Where an inference's time goes, op by op: stock TF, the optimized model and ONNX Runtime.
+
+    python -m bench.op_profile [--quick] [--batch 1] [--T 1 17] [--optimized DIR] [--out bench/results/op_profile]
+
+BERT-base (bench.encoder, as bench.bert_base builds it), optimized as
+bench.bert_base does (or read from --optimized), profiled at each T:
+- TF (original and optimized): the SavedModel run in a TF1 session with full
+  tracing (RunOptions.FULL_TRACE), whose step stats time every node of the
+  inlined graph;
+- ONNX Runtime: the same model converted by tf2onnx, its session's own profiler
+  (`enable_profiling`, otherwise default options), which times every node.
+Profiling adds a little time per op, alike for all three: read shares and
+per-op times, not end-to-end latency (bench.bert_base times that).
+
+Dense layers are the products that read a fixed weight: their weight bytes per
+inference over their time is their effective bandwidth, set against the DRAM
+streaming-read bandwidth measured in the same run (bench.peak) — the limit of a
+call that reads each weight once.
+
+Writes op_profile.csv (runtime, T, op type, ms per inference, share),
+dense_bandwidth.csv (runtime, T, dense ms, weight MB, GB/s, fraction of the
+streaming read) and op_profile.png; prints both tables.
+"""
+
+import collections
+import json
+import os
+import pathlib
+import shutil
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from bench import bert_base, cli, encoder, onnx_peer, peak, report  # noqa: E402
+
+CALLS = 20           # profiled inferences per cell (after WARMUP)
+QUICK_CALLS = 5
+WARMUP = 3
+# Op types that multiply by a fixed weight in each runtime (TF's oneDNN rewrites included).
+DENSE_OPS = frozenset({"DietcodeFusedMatMul", "DietcodeFusedMatMulInt8", "DietcodeFusedMatMulBf16",
+                       "MatMul", "_MklMatMul", "_MklFusedMatMul", "_FusedMatMul", "Einsum", "_MklEinsum",
+                       "Gemm", "FusedMatMul", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"})
+
+
+FIXED = frozenset({"ReadVariableOp", "Const", "_MklReadVariableOp"})  # producers of fixed weights
+
+
+class TracedSavedModel:
+    """A SavedModel's serving signature in a TF1 session, run with full tracing."""
+
+    def __init__(self, path: pathlib.Path):
+        self.graph = tf.Graph()
+        self.session = tf.compat.v1.Session(graph=self.graph)
+        with self.graph.as_default():
+            meta = tf.compat.v1.saved_model.load(self.session, ["serve"], str(path))
+        signature = meta.signature_def["serving_default"]
+        self.input = signature.inputs["input_ids"].name
+        self.output = next(iter(signature.outputs.values())).name
+
+    def profile(self, ids: np.ndarray, calls: int) -> tuple[dict[str, float], dict[str, str], dict[str, int]]:
+        """Microseconds per inference by node (of the graph TF runs: inlined and rewritten), each
+        node's op type, and each node's bytes of fixed weight: its second input where that is a
+        variable read or a constant (the executed graph's edges, the shapes its step recorded)."""
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
+                                          output_partition_graphs=True)
+        for _ in range(WARMUP):
+            self.session.run(self.output, {self.input: ids})
+        micros: dict[str, float] = collections.defaultdict(float)
+        op_types: dict[str, str] = {}
+        output_bytes: dict[str, list[int]] = {}
+        for _ in range(calls):
+            metadata = tf.compat.v1.RunMetadata()
+            self.session.run(self.output, {self.input: ids}, options=options, run_metadata=metadata)
+            for device in metadata.step_stats.dev_stats:
+                for node in device.node_stats:
+                    micros[node.node_name] += (node.op_end_rel_micros - node.op_start_rel_micros) / calls
+                    output_bytes[node.node_name] = [
+                        int(np.prod([d.size for d in o.tensor_description.shape.dim])) *
+                        tf.as_dtype(o.tensor_description.dtype).size for o in node.output]
+        inputs = {}
+        for graph in metadata.partition_graphs:
+            for node in graph.node:
+                op_types[node.name] = node.op
+                inputs[node.name] = [i for i in node.input if not i.startswith("^")]
+        weights = {}
+        for node, operands in inputs.items():
+            producer, _, slot = operands[1].partition(":") if len(operands) > 1 else ("", "", "")
+            fixed = op_types.get(producer) in FIXED and output_bytes.get(producer)
+            weights[node] = output_bytes[producer][int(slot or 0)] if fixed else 0
+        return dict(micros), {n: op_types.get(n, n) for n in micros}, weights
+
+
+def onnx_profile(model_path: pathlib.Path, ids: np.ndarray, calls: int,
+                 scratch: pathlib.Path) -> tuple[dict[str, float], dict[str, str], dict[str, int]]:
+    """ONNX Runtime's own profile of `calls` inferences after WARMUP: microseconds per inference
+    by node, op types, and each node's bytes of initializers (its fixed weights)."""
+    import onnx
+    import onnxruntime
+
+    model = onnx.load(str(model_path))
+    sizes = {init.name: onnx.numpy_helper.to_array(init).nbytes for init in model.graph.initializer}
+    options = onnxruntime.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(scratch / "ort_profile")
+    session = onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    for _ in range(WARMUP + calls):
+        session.run(None, {name: ids})
+    events = json.loads(pathlib.Path(session.end_profiling()).read_text())
+    runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    measured_from = runs[WARMUP]
+    micros: dict[str, float] = collections.defaultdict(float)
+    op_types: dict[str, str] = {}
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time") and event["ts"] >= measured_from:
+            node = event["name"].removesuffix("_kernel_time")
+            micros[node] += event["dur"] / calls
+            op_types[node] = event["args"]["op_name"]
+    weights = {node.name: sum(sizes.get(i, 0) for i in node.input) for node in model.graph.node}
+    return dict(micros), op_types, weights
+
+
+def profile_rows(runtime: str, t: int, micros: dict[str, float], op_types: dict[str, str]) -> list[dict]:
+    """ms per inference and share by op type, largest first."""
+    by_type: dict[str, float] = collections.defaultdict(float)
+    for node, value in micros.items():
+        by_type[op_types[node]] += value
+    total = sum(by_type.values())
+    return [{"runtime": runtime, "T": t, "op": op, "ms": value / 1e3, "share": value / total}
+            for op, value in sorted(by_type.items(), key=lambda item: -item[1])]
+
+
+def dense_row(runtime: str, t: int, micros: dict[str, float], op_types: dict[str, str],
+              weight_bytes: dict[str, int], stream_gbps: float) -> dict:
+    """The dense layers' time, weight bytes and effective bandwidth per inference."""
+    dense = [node for node, op in op_types.items() if op in DENSE_OPS and weight_bytes.get(node, 0) > 0]
+    seconds = sum(micros[node] for node in dense) / 1e6
+    weights = sum(weight_bytes[node] for node in dense)
+    gbps = weights / seconds / 1e9 if seconds else float("nan")
+    return {"runtime": runtime, "T": t, "dense_ops": len(dense), "dense_ms": seconds * 1e3,
+            "weight_mb": weights / 1e6, "gbps": gbps, "stream_read_gbps": stream_gbps,
+            "fraction_of_stream_read": gbps / stream_gbps}
+
+
+def plot(rows: list[dict], path: pathlib.Path, top: int = 8) -> None:
+    """Stacked bars of ms per inference by op type, one bar per (runtime, T)."""
+    import matplotlib.pyplot as plt
+
+    bars = sorted({(r["T"], r["runtime"]) for r in rows})
+    totals = collections.Counter()
+    for r in rows:
+        totals[r["op"]] += r["ms"]
+    shown = [op for op, _ in totals.most_common(top)]
+    figure, axis = plt.subplots(figsize=(max(6, len(bars) * 0.9), 4.5))
+    bottoms = np.zeros(len(bars))
+    for op in [*shown, "other"]:
+        heights = np.array([sum(r["ms"] for r in rows if (r["T"], r["runtime"]) == bar and
+                                (r["op"] == op or (op == "other" and r["op"] not in shown))) for bar in bars])
+        axis.bar(range(len(bars)), heights, bottom=bottoms, label=op)
+        bottoms += heights
+    axis.set_xticks(range(len(bars)), [f"{runtime}\nT={t}" for t, runtime in bars], fontsize=7)
+    axis.set_ylabel("ms per inference (profiled)")
+    axis.legend(fontsize=7)
+    report.save(figure, path, "BERT-base, batch 1: time by op type")
+
+
+def main(argv=None):
+    parser = cli.parser(__doc__, "bench/results/op_profile", "quick tuning and fewer profiled calls")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--T", type=int, nargs="+", default=[1, 17])
+    parser.add_argument("--optimized", type=pathlib.Path, help="an optimized BERT-base SavedModel to profile "
+                        "(its original beside it as ../original); default: optimize one here")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    original, optimized = args.out / "original", args.optimized or args.out / "optimized"
+    if args.optimized:
+        original = args.optimized.parent / "original"
+    else:
+        shutil.rmtree(original, ignore_errors=True)
+        encoder.build(bert_base.MODEL).export(str(original), verbose=False)
+        bert_base.optimize(original, optimized, [args.batch], args.quick, args.out)
+    onnx_model = args.out / "original.onnx"
+    onnx_peer.convert_saved_model(original, onnx_model)
+    stream_gbps = peak.stream_read_gbps(threads=len(os.sched_getaffinity(0)))
+    calls = QUICK_CALLS if args.quick else CALLS
+    traced = {"tensorflow": TracedSavedModel(original), "dietcode": TracedSavedModel(optimized)}
+    profile, dense = [], []
+    for t in args.T:
+        ids = bert_base.token_ids(args.batch, t)
+        runs = {runtime: (lambda model=model: model.profile(ids, calls)) for runtime, model in traced.items()}
+        runs["onnxruntime"] = lambda: onnx_profile(onnx_model, ids, calls, args.out)
+        for runtime, run in runs.items():
+            micros, op_types, weights = run()
+            profile += profile_rows(runtime, t, micros, op_types)
+            dense.append(dense_row(runtime, t, micros, op_types, weights, stream_gbps))
+    report.write_csv(profile, args.out / "op_profile.csv")
+    report.write_csv(dense, args.out / "dense_bandwidth.csv")
+    plot(profile, args.out / "op_profile.png")
+    print(f"DRAM streaming read: {stream_gbps:.1f} GB/s")
+    print(f"{'runtime':>12s} {'T':>4s} {'dense ms':>9s} {'weight MB':>9s} {'GB/s':>6s} {'of read':>7s}")
+    for r in dense:
+        print(f"{r['runtime']:>12s} {r['T']:4d} {r['dense_ms']:9.2f} {r['weight_mb']:9.1f} {r['gbps']:6.1f} "
+              f"{r['fraction_of_stream_read']:7.2f}")
+    for t in args.T:
+        for runtime in [*traced, "onnxruntime"]:
+            rows = [r for r in profile if r["T"] == t and r["runtime"] == runtime]
+            print(f"\n{runtime}, T = {t}: {sum(r['ms'] for r in rows):.2f} ms profiled")
+            for r in rows[:10]:
+                print(f"  {r['op']:>36s} {r['ms']:8.3f} ms {r['share']:6.1%}")
+    print(f"wrote {args.out / 'op_profile.csv'}, {args.out / 'dense_bandwidth.csv'} and {args.out / 'op_profile.png'}")
+
+
+if __name__ == "__main__":
+    main()
