@@ -8,16 +8,18 @@ Keras layers as users write them (Embedding, MultiHeadAttention, LayerNormalizat
 GELU, UnitNormalization), loads the weights by their Hugging Face names, and pools as
 sentence-transformers does (the mean over the tokens the attention mask keeps, then L2 normalization).
 
-    export(path)                      the SavedModel: serving_default(input_ids, attention_mask) ->
+    export(pretrained(), path)        the SavedModel: serving_default(input_ids, attention_mask) ->
                                       {"embeddings": [batch, 384]}, both inputs int32 [batch, T]
     batches(sentences, batch_size)    tokenized, padded batches (each with its sentences' indices)
     embed(signature, sentences)       every sentence's embedding through any SavedModel signature
-                                      of that form (the original or an optimized one)
+                                      of that form (the original or an optimized one); embed_with
+                                      takes any callable (an ONNX Runtime session's, say)
 """
 
 import dataclasses
 import functools
 import json
+import math
 import pathlib
 from collections.abc import Callable, Sequence
 
@@ -124,41 +126,47 @@ def build(config: Config | None = None) -> keras.Model:
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """Where a Hugging Face weight goes: a Keras variable and the conversion from the torch layout."""
+    """Where a Hugging Face weight goes: a Keras variable, the weight's shape in the file (torch's layout)
+    and its conversion to the variable's layout."""
     variable: keras.Variable
+    source_shape: tuple[int, ...]
     convert: Callable[[np.ndarray], np.ndarray]
 
 
-def _as_is(value: np.ndarray) -> np.ndarray:
-    return value
+def _as_is(variable: keras.Variable) -> Target:
+    return Target(variable, tuple(variable.shape), lambda value: value)
 
 
-def _dense(variable: keras.Variable) -> Callable[[np.ndarray], np.ndarray]:
-    """torch's Linear weight [out, in] -> the variable's [in, ...out] (Dense, EinsumDense of Q/K/V) or
-    [...in, out] (the attention's output projection): transposed, then reshaped."""
-    return lambda value: value.T.reshape(variable.shape)
+def _linear(variable: keras.Variable, input_axes: int) -> Target:
+    """A kernel whose first `input_axes` axes are the input's (Dense: 1; EinsumDense: [in, heads, size] for
+    the query, key and value, [heads, size, out] for the attention's output), from torch's Linear weight
+    [out, in]: transposed, then reshaped."""
+    shape = tuple(variable.shape)
+    return Target(variable, (math.prod(shape[input_axes:]), math.prod(shape[:input_axes])),
+                  lambda value: value.T.reshape(shape))
 
 
-def _bias(variable: keras.Variable) -> Callable[[np.ndarray], np.ndarray]:
-    return lambda value: value.reshape(variable.shape)
+def _bias(variable: keras.Variable) -> Target:
+    shape = tuple(variable.shape)
+    return Target(variable, (math.prod(shape),), lambda value: value.reshape(shape))
 
 
 def targets(model: keras.Model, config: Config) -> dict[str, Target]:
     """Every Keras variable of `model` by the Hugging Face name of the weight it holds."""
     embeddings = model.get_layer("embeddings")
-    result = {"embeddings.word_embeddings.weight": Target(embeddings.word.embeddings, _as_is),
-              "embeddings.position_embeddings.weight": Target(embeddings.position.embeddings, _as_is),
-              "embeddings.token_type_embeddings.weight": Target(embeddings.token_type.embeddings, _as_is),
-              "embeddings.LayerNorm.weight": Target(embeddings.norm.gamma, _as_is),
-              "embeddings.LayerNorm.bias": Target(embeddings.norm.beta, _as_is)}
+    result = {"embeddings.word_embeddings.weight": _as_is(embeddings.word.embeddings),
+              "embeddings.position_embeddings.weight": _as_is(embeddings.position.embeddings),
+              "embeddings.token_type_embeddings.weight": _as_is(embeddings.token_type.embeddings),
+              "embeddings.LayerNorm.weight": _as_is(embeddings.norm.gamma),
+              "embeddings.LayerNorm.bias": _as_is(embeddings.norm.beta)}
 
-    def linear(name: str, layer) -> None:
-        result[f"{name}.weight"] = Target(layer.kernel, _dense(layer.kernel))
-        result[f"{name}.bias"] = Target(layer.bias, _bias(layer.bias))
+    def linear(name: str, layer, input_axes: int = 1) -> None:
+        result[f"{name}.weight"] = _linear(layer.kernel, input_axes)
+        result[f"{name}.bias"] = _bias(layer.bias)
 
     def norm(name: str, layer) -> None:
-        result[f"{name}.weight"] = Target(layer.gamma, _as_is)
-        result[f"{name}.bias"] = Target(layer.beta, _as_is)
+        result[f"{name}.weight"] = _as_is(layer.gamma)
+        result[f"{name}.bias"] = _as_is(layer.beta)
 
     for i in range(config.num_hidden_layers):
         prefix = f"encoder.layer.{i}"
@@ -166,7 +174,7 @@ def targets(model: keras.Model, config: Config) -> dict[str, Target]:
         for projection, layer in [("query", attention.query_dense), ("key", attention.key_dense),
                                   ("value", attention.value_dense)]:
             linear(f"{prefix}.attention.self.{projection}", layer)
-        linear(f"{prefix}.attention.output.dense", attention.output_dense)
+        linear(f"{prefix}.attention.output.dense", attention.output_dense, input_axes=2)
         norm(f"{prefix}.attention.output.LayerNorm", model.get_layer(f"layer{i}_attention_norm"))
         linear(f"{prefix}.intermediate.dense", model.get_layer(f"layer{i}_intermediate"))
         linear(f"{prefix}.output.dense", model.get_layer(f"layer{i}_output"))
@@ -191,21 +199,14 @@ def load_weights(model: keras.Model, config: Config, weights: dict[str, np.ndarr
             weights["embeddings.position_ids"].reshape(-1), np.arange(config.max_position_embeddings)):
         problems.append("embeddings.position_ids is not 0..max_position_embeddings-1 (positions this port "
                         "does not compute)")
-    values = {}
     for name, target in wanted.items():
-        if name not in weights:
-            continue
-        try:
-            values[name] = target.convert(weights[name])
-        except ValueError:
-            values[name] = weights[name]
-        if values[name].shape != tuple(target.variable.shape):
-            problems.append(f"{name}: shape {weights[name].shape} does not fit {target.variable.path} "
-                            f"{tuple(target.variable.shape)}")
+        if name in weights and weights[name].shape != target.source_shape:
+            problems.append(f"{name}: shape {weights[name].shape}, {target.variable.path} "
+                            f"{tuple(target.variable.shape)} wants {target.source_shape}")
     if problems:
         raise ValueError("the pretrained weights do not fit the model: " + "; ".join(problems))
     for name, target in wanted.items():
-        target.variable.assign(values[name].astype(np.float32))
+        target.variable.assign(target.convert(weights[name]).astype(np.float32))
 
 
 def pretrained() -> keras.Model:
@@ -216,12 +217,11 @@ def pretrained() -> keras.Model:
     return model
 
 
-def export(path: pathlib.Path | str) -> None:
-    """The pretrained encoder as a SavedModel: serving_default(input_ids, attention_mask: int32 [batch, T])
-    -> {"embeddings": float32 [batch, hidden]}."""
+def export(model: keras.Model, path: pathlib.Path | str) -> None:
+    """The encoder (pretrained()) as a SavedModel: serving_default(input_ids, attention_mask: int32
+    [batch, T]) -> {"embeddings": float32 [batch, hidden]}."""
     import tensorflow as tf
 
-    model = pretrained()
     archive = keras.export.ExportArchive()
     archive.track(model)
     spec = {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in ("input_ids", "attention_mask")}
@@ -268,13 +268,30 @@ def read_sentences(path: pathlib.Path = SENTENCES) -> list[str]:
     return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
 
 
-def embed(signature, sentences: Sequence[str], batch_size: int = 4) -> np.ndarray:
-    """Every sentence's embedding ([len(sentences), hidden], in the order given) through a SavedModel
-    signature taking input_ids and attention_mask and returning "embeddings"."""
+# A way to run the encoder: (input_ids, attention_mask) as int32 numpy arrays -> embeddings as numpy.
+Encoder = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def signature_call(signature) -> Encoder:
+    """A SavedModel signature taking input_ids and attention_mask and returning "embeddings", as an Encoder."""
     import tensorflow as tf
 
+    def call(input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        output = signature(input_ids=tf.constant(input_ids), attention_mask=tf.constant(attention_mask))
+        return np.asarray(output["embeddings"])
+
+    return call
+
+
+def embed_with(encoder: Encoder, sentences: Sequence[str], batch_size: int = 4) -> np.ndarray:
+    """Every sentence's embedding ([len(sentences), hidden], in the order given) by `encoder`."""
     parts = {}
     for batch in batches(sentences, batch_size):
-        output = signature(input_ids=tf.constant(batch.input_ids), attention_mask=tf.constant(batch.attention_mask))
-        parts.update(zip(batch.indices.tolist(), np.asarray(output["embeddings"])))
+        parts.update(zip(batch.indices.tolist(), encoder(batch.input_ids, batch.attention_mask)))
     return np.stack([parts[i] for i in range(len(sentences))])
+
+
+def embed(signature, sentences: Sequence[str], batch_size: int = 4) -> np.ndarray:
+    """Every sentence's embedding through a SavedModel signature of export()'s form (the original or an
+    optimized one)."""
+    return embed_with(signature_call(signature), sentences, batch_size)
