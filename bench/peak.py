@@ -1,4 +1,6 @@
-"""The machine's measured float32 peaks (GFLOP/s), so kernels read as a fraction of them.
+"""The machine's measured float32 peaks (GFLOP/s), so kernels read as a fraction of them; and its
+DRAM read bandwidth (bench/dram_read.c), which bounds calls that stream their weights from DRAM
+(bench.precision).
 
     python -m bench.peak [--threads 2] [--out bench/results]
 
@@ -16,14 +18,20 @@ import tempfile
 from bench import report
 
 SOURCE = pathlib.Path(__file__).with_name("fma_peak.c")
+DRAM_SOURCE = pathlib.Path(__file__).with_name("dram_read.c")
 LARGE = 2048
+
+
+def build_native(source: pathlib.Path, directory: pathlib.Path) -> pathlib.Path:
+    """A C loop compiled for this host's vector ISA with OpenMP, as `directory`/<its name>."""
+    binary = directory / source.stem
+    subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", str(source), "-o", str(binary)], check=True)
+    return binary
 
 
 def build_fma_loop(directory: pathlib.Path) -> pathlib.Path:
     """The FMA loop compiled for this host's vector ISA, as `directory`/fma_peak."""
-    binary = directory / "fma_peak"
-    subprocess.run(["gcc", "-O3", "-march=native", "-fopenmp", str(SOURCE), "-o", str(binary)], check=True)
-    return binary
+    return build_native(SOURCE, directory)
 
 
 def fma_loop_gflops(binary: pathlib.Path, threads: int) -> float:
@@ -47,6 +55,15 @@ def large_sgemm_gflops(threads: int) -> float:
     use_threads(threads)
     a, b = (tf.constant(np.random.default_rng(i).standard_normal((LARGE, LARGE), dtype=np.float32)) for i in (0, 1))
     return 2.0 * LARGE**3 / timing.in_graph_seconds(tf.linalg.matmul, [a, b]) / 1e9
+
+
+def dram_read_gbps(threads: int, runs: int = 3) -> float:
+    """The best of a few runs of bench/dram_read.c (each the best of its passes over 512 MiB): GB/s
+    that a call reading its weights from DRAM can reach."""
+    with tempfile.TemporaryDirectory() as scratch:
+        binary = build_native(DRAM_SOURCE, pathlib.Path(scratch))
+        return max(float(subprocess.run([str(binary), str(threads)], check=True, capture_output=True,
+                                        text=True).stdout) for _ in range(runs))
 
 
 def main(argv=None):
