@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "contraction_plan.h"
+#include "matmul_shape.h"
 #include "op_contract.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -46,36 +47,6 @@ Status WeightDims(InferenceContext* c, int64_t packed_n, bool transpose_b,
   return Status();
 }
 
-// a's rows (M, as dims: a's leading dims) and K (the product of its last
-// num_k_dims dims, or a's first dim with transpose_a).
-Status InputDims(InferenceContext* c, int num_k_dims, bool transpose_a,
-                 ShapeHandle* rows, DimensionHandle* k) {
-  ShapeHandle a, contracted;
-  if (transpose_a) {
-    if (num_k_dims != 1) {
-      return tensorflow::errors::InvalidArgument(
-          "transpose_a needs num_k_dims = 1, got ", num_k_dims);
-    }
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &a));
-    *k = c->Dim(a, 0);
-    *rows = c->Vector(c->Dim(a, 1));
-    return Status();
-  }
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), num_k_dims, &a));
-  if (!c->RankKnown(a)) {
-    *rows = c->UnknownShape();
-    *k = c->UnknownDim();
-    return Status();
-  }
-  TF_RETURN_IF_ERROR(c->Subshape(a, 0, c->Rank(a) - num_k_dims, rows));
-  TF_RETURN_IF_ERROR(c->Subshape(a, c->Rank(a) - num_k_dims, &contracted));
-  *k = c->MakeDim(1);
-  for (int i = 0; i < num_k_dims; ++i) {
-    TF_RETURN_IF_ERROR(c->Multiply(*k, c->Dim(contracted, i), k));
-  }
-  return Status();
-}
-
 // act(a[..., K] @ b[K, N] + bias) -> [..., N], or [..., n_dims] (their
 // product N), or [groups, ..., N / groups].
 Status FusedMatMulShape(InferenceContext* c) {
@@ -97,7 +68,7 @@ Status FusedMatMulShape(InferenceContext* c) {
   }
   ShapeHandle rows;
   DimensionHandle k, weight_k, n;
-  TF_RETURN_IF_ERROR(InputDims(c, num_k_dims, transpose_a, &rows, &k));
+  TF_RETURN_IF_ERROR(MatMulInputDims(c, num_k_dims, transpose_a, &rows, &k));
   TF_RETURN_IF_ERROR(WeightDims(c, packed_n, transpose_b, &weight_k, &n));
   TF_RETURN_IF_ERROR(c->Merge(k, weight_k, &k));
   if (num_bias == 1) {
@@ -105,16 +76,8 @@ Status FusedMatMulShape(InferenceContext* c) {
     TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &bias));
     TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(bias, 0), &n));
   }
-  ShapeHandle columns = c->Vector(n);
-  if (!n_dims.empty()) {
-    int64_t product;
-    TF_RETURN_IF_ERROR(ColumnDimsProduct(n_dims, &product));
-    DimensionHandle unused;
-    TF_RETURN_IF_ERROR(c->Merge(n, c->MakeDim(product), &unused));
-    std::vector<DimensionHandle> dims;
-    for (int64_t d : n_dims) dims.push_back(c->MakeDim(d));
-    columns = c->MakeShape(dims);
-  }
+  ShapeHandle columns;
+  TF_RETURN_IF_ERROR(MatMulColumns(c, n, n_dims, &columns));
   if (groups > 1) {
     DimensionHandle group_n;
     TF_RETURN_IF_ERROR(c->Divide(n, groups, /*evenly_divisible=*/true, &group_n));

@@ -5,6 +5,7 @@
     tf-dietcode tune --spec workloads.json --out BUNDLE_DIR [--quick] [--trials 64] [--db tuning.jsonl]
     tf-dietcode optimize --dir IN --output_dir OUT [--tag_set serve] [--signature_def KEY ...]
                          [--shape_range input_ids=1,1:128 ...] [--example inputs.npz ...]
+                         [--precision {float32,bfloat16,int8}] [--max_error X]
                          [--quick] [--trials N] [--db F] [--overwrite] [--no_validate] [--report_json F]
 
 `tune` searches micro-kernels for each workload's whole range, writes a checked
@@ -117,7 +118,7 @@ def _optimize(args) -> int:
                                   input_fn=_input_fn(args.example), tuning=_budget(args), database=_database(args),
                                   horizontal_fusion=args.horizontal_fusion,
                                   layer_norm_fusion=not args.no_layer_norm_fusion, overwrite=args.overwrite,
-                                  validate=args.validate)
+                                  validate=args.validate, precision=args.precision, max_error=args.max_error)
     print(report.summary())
     if args.report_json:
         pathlib.Path(args.report_json).write_text(report.to_json())
@@ -198,8 +199,15 @@ def main(argv: list[str] | None = None) -> int:
                           help="keep them separate GEMMs (the default)")
     optimize.add_argument("--no_layer_norm_fusion", action="store_true",
                           help="keep layer norms as TF's ops instead of one DietcodeLayerNorm each")
+    optimize.add_argument("--precision", default="float32",
+                          help="what dense layers compute in: float32 (tuned kernels, the default), bfloat16 or "
+                               "int8 (weights converted once, kernels the op chooses)")
+    optimize.add_argument("--max_error", type=float,
+                          help="bound on each output's error relative to its largest value (default: the "
+                               "precision's); in bfloat16 or int8, layers go back to float32 until it holds")
     optimize.add_argument("--no_validate", dest="validate", action="store_false",
-                          help="write the model without running it against the original first")
+                          help="write the model without running it against the original first (no bound is "
+                               "enforced)")
     optimize.add_argument("--report_json", help="also write the report as JSON (Report.to_json) to this file")
     for command in (tune, optimize):
         command.add_argument("--quick", action="store_true", help="small search budget (demos, tests)")

@@ -61,3 +61,12 @@ def _layer_norm_gradient(op, grad):
 @tf.RegisterGradient("DietcodeSoftmax")
 def _softmax_gradient(op, grad):
     return _vjp(tf.nn.softmax, list(op.inputs), grad)
+
+
+def _inference_only(op, grad):
+    raise LookupError(f"{op.type} reads int8 or bfloat16 weights converted for inference "
+                      "and has no gradient; differentiate the float32 model instead")
+
+
+for _op_type in ("DietcodeFusedMatMulInt8", "DietcodeFusedMatMulBf16"):
+    tf.RegisterGradient(_op_type)(_inference_only)

@@ -5,7 +5,9 @@ dense layers with `DietcodeFusedMatMul` (matmul, bias and activation in one op)
 while keeping everything else Keras knows about Dense: arguments, weights,
 config, masking, training, saving. `tune` tunes its layers for the model's
 input shape ranges; each tuned layer then carries its kernel bundle as assets,
-in `.keras` files and in `model.export()` SavedModels alike.
+in `.keras` files and in `model.export()` SavedModels alike. A layer in
+bfloat16 or int8 (`precision`) trains on its float32 kernel; `tune` converts
+that kernel once into the weights its reduced-precision op reads at inference.
 """
 
 import collections
@@ -21,6 +23,7 @@ from keras.src.models.functional import Functional  # what clone_model itself ch
 
 from tf_dietcode import bundle_store, ops
 from tf_dietcode.graph_rewrite.analysis import shape_ranges as input_ranges
+from tf_dietcode.precision import modes
 from tf_dietcode.tuned_bundles import tune_and_install
 from tf_dietcode.tuning import hardware, micro_kernel
 from tf_dietcode.tuning.workload import Workload
@@ -76,14 +79,60 @@ class DietDense(keras.layers.Dense):
     tensors run Dense's own `call`: the op is float32 only. Quantized layers
     never reach `call` (Keras runs `quantized_call` instead), and LoRA is
     already merged into `self.kernel`, which is what the op reads.
+
+    precision: "float32" (the default), "bfloat16" or "int8" (tf_dietcode.precision).
+    The kernel stays float32 and trainable, and training reads it; once
+    `convert_weights()` (which `tune` calls) has converted it, inference reads
+    the converted weights (non-trainable weights of the layer, saved with it)
+    with that precision's op. Convert again after training further.
     """
 
-    def __init__(self, units: int, **kwargs):
+    def __init__(self, units: int, precision: str = "float32", **kwargs):
         super().__init__(units, **kwargs)
         # An instance attribute: keras.layers.Layer.__init__ sets supports_jit = True
         # on every instance, which would hide a class attribute.
         self.supports_jit = False  # the custom op has no XLA kernel
         self._bundle = None  # a _BundleAssets once tuned
+        self.precision = modes.get(precision).name
+        self._converted: dict[str, keras.Variable] = {}  # the kernel as the precision's op reads it, once converted
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "precision": self.precision}
+
+    def convert_weights(self) -> None:
+        """Converts the float32 kernel to the layer's precision (bfloat16, int8) into the weights
+        inference reads; nothing to convert in float32."""
+        precision = modes.get(self.precision)
+        if precision is modes.FLOAT32:
+            return
+        values = precision.convert(keras.ops.convert_to_numpy(self.kernel), None)
+        if [f"{self.precision}_{name}" for name in values] != [v.name for v in self._converted.values()]:
+            if self._converted:
+                raise ValueError(f"{self.name}: its weights were converted to another precision than {self.precision}")
+            self._tracker.unlock()  # weights added after build, as keras.layers.Dense.quantize adds its own
+            self._converted = {name: self.add_weight(name=f"{self.precision}_{name}", shape=value.shape,
+                                                     dtype=str(value.dtype), initializer="zeros", trainable=False,
+                                                     autocast=False)
+                               for name, value in values.items()}
+            self._tracker.lock()
+        for name, value in values.items():
+            self._converted[name].assign(value)
+
+    def save_own_variables(self, store) -> None:
+        """Keras' saving: Dense's kernel and bias, then the converted weights."""
+        super().save_own_variables(store)
+        first = len(store.keys())
+        for i, variable in enumerate(self._converted.values()):
+            store[str(first + i)] = keras.ops.convert_to_numpy(variable)
+
+    def load_own_variables(self, store) -> None:
+        """Keras' loading: a store holding more than Dense's kernel and bias holds converted weights."""
+        own = 2 if self.use_bias else 1
+        if self.built and len(store.keys()) > own:
+            self.convert_weights()  # makes the weights the store holds
+        super().load_own_variables(store)
+        for i, variable in enumerate(self._converted.values()):
+            variable.assign(store[str(own + i)])
 
     @property
     def bundle_path(self) -> str:
@@ -113,8 +162,12 @@ class DietDense(keras.layers.Dense):
         fused = _fused_activation(self.activation)
         if _observed_rows is not None:
             _observed_rows[id(self)].append(math.prod(inputs.shape[:-1]))
-        bundle = "" if self._bundle is None else self._bundle.manifest.asset_path
-        y = ops.fused_matmul(inputs, self.kernel, self.bias, activation=fused or "none", bundle=bundle)
+        if self._converted and not training:
+            y = modes.get(self.precision).product(inputs, {name: v.value for name, v in self._converted.items()},
+                                                  self.bias, n=self.units, activation=fused or "none")
+        else:
+            bundle = "" if self._bundle is None else self._bundle.manifest.asset_path
+            y = ops.fused_matmul(inputs, self.kernel, self.bias, activation=fused or "none", bundle=bundle)
         return y if fused else self.activation(y)
 
 
@@ -148,28 +201,35 @@ def convert(model: keras.Model) -> keras.Model:
 
 @dataclasses.dataclass
 class TuningReport:
-    """What tune() did: each DietDense layer's workload, or why it was left generic."""
+    """What tune() did: each DietDense layer's workload, its precision where its weights were
+    converted instead, or why it was left generic."""
 
     tuned: dict[str, Workload] = dataclasses.field(default_factory=dict)      # by layer path
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)         # layer path -> why
     notes: list[str] = dataclasses.field(default_factory=list)                # ranges assumed
+    converted: dict[str, str] = dataclasses.field(default_factory=dict)      # layer path -> its precision
 
     def summary(self) -> str:
         lines = [f"tuned {len(self.tuned)} DietDense layer(s) as {len(set(self.tuned.values()))} workload(s)"]
         lines += [f"  {name}: M {w.m.lo}..{w.m.hi}, [{w.k.hi}] -> [{w.n.hi}], {w.activation}"
                   for name, w in self.tuned.items()]
+        lines += [f"  {name}: {precision}, weights converted; {modes.get(precision).kernel_path()} kernels the op "
+                  "chooses (not tuned)" for name, precision in self.converted.items()]
         lines += [f"  {name}: generic kernel ({why})" for name, why in self.skipped.items()]
         return "\n".join(lines + [f"note: {note}" for note in self.notes])
 
 
-def tune(model: keras.Model, shape_ranges: dict | list | None = None, *,
+def tune(model: keras.Model, shape_ranges: dict | list | None = None, *, precision: str | None = None,
          tuning=None, database=None, progress: bool = True) -> TuningReport:
-    """Tunes every DietDense layer of `model` for the row counts its input ranges imply,
-    and attaches each layer's bundle to it.
+    """Tunes every float32 DietDense layer of `model` for the row counts its input ranges imply,
+    and attaches each layer's bundle to it; converts the weights of every layer in bfloat16 or
+    int8 (their ops choose their kernels: nothing to tune).
 
     shape_ranges: per model input (by name; a plain list for a single input), per dim a
     size, an inclusive (lo, hi) range or None (the declared size, or a default range),
     as for `tf_dietcode.optimize`. Layers with the same workload share kernels.
+    precision: every DietDense layer's precision ("float32", "bfloat16", "int8"); None keeps each
+    layer's own.
     tuning: a `tf_dietcode.tuning.search.SearchOptions` or a budget's name, "quick" or "default"
     (default: the full search). database: a `tf_dietcode.tuning.database.Database` (default: the
     user's, which every tuning reuses and extends).
@@ -179,9 +239,16 @@ def tune(model: keras.Model, shape_ranges: dict | list | None = None, *,
 
     options = search.budget(tuning)
     layers = [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, DietDense)]
+    for layer in layers if precision is not None else []:
+        layer.precision = modes.get(precision).name
     rows, notes = _row_ranges(model, shape_ranges, layers)
     report = TuningReport(notes=notes)
     workloads = {}
+    for layer in layers:
+        if id(layer) in rows and layer.precision != "float32":
+            layer.convert_weights()
+            report.converted[layer.path] = layer.precision
+    layers = [layer for layer in layers if layer.path not in report.converted]
     weight_bytes = sum(4 * math.prod(layer.kernel.shape) for layer in layers if id(layer) in rows)
     cold_weight = not hardware.detect().holds_in_cache(weight_bytes)  # streamed from DRAM at every call
     for layer in layers:

@@ -20,12 +20,16 @@ from tf_dietcode.op_library import load_op_library
 TensorLike = tf.types.experimental.TensorLike
 
 
-def _float32(value: TensorLike, name: str) -> tf.Tensor:
+def _typed(value: TensorLike, dtype: tf.DType, name: str) -> tf.Tensor:
     tensor = tf.convert_to_tensor(value)
-    if tensor.dtype != tf.float32:
+    if tensor.dtype != dtype:
         raise tf.errors.InvalidArgumentError(
-            None, None, f"input '{name}' must be float32, got {tensor.dtype.name}")
+            None, None, f"input '{name}' must be {dtype.name}, got {tensor.dtype.name}")
     return tensor
+
+
+def _float32(value: TensorLike, name: str) -> tf.Tensor:
+    return _typed(value, tf.float32, name)
 
 
 def _activation_name(activation: str | None) -> str:
@@ -113,3 +117,37 @@ def bundle_stats(bundle: str) -> dict:
     op's thread running tasks beside one pool thread) and "pool_calls" (every
     task on the pool)."""
     return json.loads(load_op_library().dietcode_bundle_stats(bundle=bundle).numpy())
+
+
+def fused_matmul_int8(a: TensorLike, b: TensorLike, scale: TensorLike, column_sums: TensorLike,
+                      bias: TensorLike | None = None, *, n: int, activation: str | None = None,
+                      num_k_dims: int = 1, n_dims: Sequence[int] = (), name: str | None = None) -> tf.Tensor:
+    """activation(a @ w + bias) with an int8 weight w[k, j] ~ b[k, j] * scale[j] (packed, see
+    tf_dietcode.precision.int8_weights.quantize, which also gives column_sums), a[..., K]
+    quantized per row inside the op; n is N. The op's Doc (DietcodeFusedMatMulInt8) states the
+    computation exactly. num_k_dims and n_dims as in fused_matmul. Not differentiable."""
+    return load_op_library().dietcode_fused_mat_mul_int8(
+        a=_float32(a, "a"), b=_typed(b, tf.int8, "b"), scale=_float32(scale, "scale"),
+        column_sums=_typed(column_sums, tf.int32, "column_sums"),
+        bias=[] if bias is None else [_float32(bias, "bias")], n=n,
+        activation=_activation_name(activation), num_k_dims=num_k_dims, n_dims=[int(d) for d in n_dims],
+        name=name)
+
+
+def fused_matmul_bf16(a: TensorLike, b: TensorLike, bias: TensorLike | None = None, *, n: int,
+                      activation: str | None = None, num_k_dims: int = 1, n_dims: Sequence[int] = (),
+                      name: str | None = None) -> tf.Tensor:
+    """activation(bf16(a) @ b + bias) with b a packed bfloat16 weight
+    (tf_dietcode.precision.bf16_weights.pack), products summed in float32; n is N.
+    num_k_dims and n_dims as in fused_matmul. Not differentiable."""
+    return load_op_library().dietcode_fused_mat_mul_bf16(
+        a=_float32(a, "a"), b=_typed(b, tf.bfloat16, "b"),
+        bias=[] if bias is None else [_float32(bias, "bias")], n=n,
+        activation=_activation_name(activation), num_k_dims=num_k_dims, n_dims=[int(d) for d in n_dims],
+        name=name)
+
+
+def low_precision_isa() -> dict:
+    """The kernel path each reduced-precision op runs on this machine now, e.g.
+    {"int8": "avx512_vnni", "bfloat16": "avx512_bf16"} (TF_DIETCODE_DISABLE_ISA masks extensions)."""
+    return json.loads(load_op_library().dietcode_low_precision_isa().numpy())

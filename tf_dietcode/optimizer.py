@@ -5,6 +5,9 @@ or `Converter(input_dir, ...)` with `convert()`, `build(input_fn)`,
 `save(output_dir)` and `summary()`. Every signature is kept with its name and
 inputs/outputs, variables stay variables (nothing is frozen), the kernel
 bundle travels in the output's assets/, and the output appears atomically.
+Dense layers run in the precision asked for (tf_dietcode.precision), their
+weights converted once here; in a reduced precision the accuracy gate keeps
+layers in float32 where the outputs need it.
 """
 
 import collections
@@ -12,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import numbers
 import pathlib
 import shutil
 import tempfile
@@ -30,7 +34,10 @@ from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, node_name
 from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
 from tf_dietcode.graph_rewrite.fusions.contract import Found, LeftAlone, Switches, TunedFusion
 from tf_dietcode.op_library import load_op_library
-from tf_dietcode.output_check import OutputCheck
+from tf_dietcode.output_check import BOUND, OutputCheck
+from tf_dietcode.precision import accuracy_gate, modes
+from tf_dietcode.precision.accuracy_gate import GateResult
+from tf_dietcode.precision.contract import LayerPrecision, Precision
 from tf_dietcode.tuned_bundles import tune_and_install
 from tf_dietcode.tuning import hardware, search
 from tf_dietcode.tuning.workload import Workload
@@ -59,6 +66,10 @@ class Report:
     output_check: OutputCheck | None = None               # None with validate=False
     tuning_times: dict = dataclasses.field(default_factory=dict)   # Workload -> tuning.progress.WorkloadTime
     timings: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per step (convert, build, ...)
+    precision: str = "float32"                            # asked for (optimize's precision)
+    max_error: float = BOUND                              # the bound on the outputs' error
+    kernel_path: str = ""                                 # the kernels its dense layers run
+    accuracy_gate: GateResult | None = None               # None in float32 and with validate=False
 
     def summary(self) -> str:
         lines = [f"signatures: {', '.join(self.signatures)}"]
@@ -80,9 +91,10 @@ class Report:
                          "workloads needed no new measurement (from the tuning database)")
         if self.coverage and self.coverage.share is not None:
             lines.append(f"coverage: {self.coverage.share:.1%} of matmul FLOPs fused ({self.coverage.reference})")
+        lines += self._precision_summary()
         if self.output_check:
             lines.append(f"output check on {self.output_check.inputs} inputs, largest error per output "
-                         f"(bound {output_check.BOUND:g} of its largest value):")
+                         f"(bound {self.output_check.bound:g} of its largest value):")
             lines += [f"  {e.signature}.{e.output}: " + (f"{e.error:.2g}" if e.checked else
                                                           f"{e.error:.1%} of its elements differ (not float)")
                       for e in self.output_check.errors]
@@ -91,10 +103,28 @@ class Report:
                          f"in {serving_warmup.WARMUP_FILE}")
         return "\n".join(lines)
 
+    def _precision_summary(self) -> list[str]:
+        """The precision asked for, and each layer's, grouped by precision and why (dense layers by
+        node, other kinds counted)."""
+        if self.precision == "float32":
+            return ["precision: float32 (precision='float32'): every fused op"]
+        lines = [f"precision: {self.precision} for dense layers, on {self.kernel_path} kernels the op chooses (not "
+                 f"tuned); max_error {self.max_error:g}" + ("" if self.output_check else
+                                                            " not enforced (validate=False)")]
+        groups: dict[str, dict[str, None]] = {}  # how a layer's precision is described -> its dense layers
+        for layer in self.layers:
+            nodes = groups.setdefault(LayerPrecision(layer["precision"], layer["precision_why"]).describe(), {})
+            if layer["kind"] == "dense":
+                nodes[layer["node"]] = None
+        lines += [f"  {described}" + (f": {', '.join(nodes)}" if nodes else "")
+                  for described, nodes in groups.items()]
+        lines += self.accuracy_gate.summary() if self.accuracy_gate else []
+        return lines
+
     def to_json(self) -> str:
         """The report as JSON: what summary() says, plus each fused layer (its node, kind, forms,
-        precision, workload and the kernels its tree may dispatch to), the coverage, the output
-        check's error per output and the seconds each step took."""
+        precision and why, workload and the kernels its tree may dispatch to), the coverage, the
+        accuracy gate's rounds, the output check's error per output and the seconds each step took."""
         return json.dumps({
             "signatures": self.signatures, "ranges": self.ranges, "notes": self.notes,
             "patterns": {form: {"found": n, "fused": self.fused[form]} for form, n in sorted(self.found.items())},
@@ -104,6 +134,8 @@ class Report:
                            **(dataclasses.asdict(self.tuning_times[w]) if w in self.tuning_times else {})}
                           for w in self.workloads],
             "coverage": self.coverage.to_json() if self.coverage else None,
+            "precision": {"precision": self.precision, "max_error": self.max_error, "kernel_path": self.kernel_path,
+                          "accuracy_gate": self.accuracy_gate.to_json() if self.accuracy_gate else None},
             "output_check": self.output_check.to_json() if self.output_check else None,
             "timings": {**self.timings, "total": sum(self.timings.values()),
                         "output_check": self.output_check.seconds if self.output_check else None},
@@ -144,8 +176,15 @@ class Converter:
     def __init__(self, input_saved_model_dir: str | pathlib.Path, *, tags=("serve",),
                  signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
                  tuning: search.SearchOptions | str = search.SearchOptions(), database=None,
-                 horizontal_fusion: bool = False, layer_norm_fusion: bool = True, validate: bool = True):
+                 horizontal_fusion: bool = False, layer_norm_fusion: bool = True, validate: bool = True,
+                 precision: str = "float32", max_error: float | None = None):
         self.tuning, self.database, self.validate = search.budget(tuning), database, validate
+        self.precision = modes.get(precision)
+        if max_error is not None and not (isinstance(max_error, numbers.Real) and max_error > 0):
+            raise ValueError(f"max_error must be a positive number (an output's error relative to its largest "
+                             f"value), got {max_error!r}")
+        self.max_error = self.precision.max_error if max_error is None else float(max_error)
+        self._gate_kept: dict[tuple, str] = {}  # (computation, core) -> why the accuracy gate kept it in float32
         self.input_dir = pathlib.Path(input_saved_model_dir)
         if not tf.saved_model.contains_saved_model(str(self.input_dir)):
             raise ValueError(f"{self.input_dir} is not a SavedModel directory")
@@ -192,7 +231,8 @@ class Converter:
                       for call in signature_graph.calls_left_running(graph.graph_def, in_bodies)]
         self._resources = resources
         self.report = Report(keys, self.ranges, self._range_notes + notes, found, collections.Counter(), left, [],
-                             labels, self._merged(), self.switches)
+                             labels, self._merged(), self.switches, precision=self.precision.name,
+                             max_error=self.max_error, kernel_path=self.precision.kernel_path())
         self._converted = True
         self.report.timings["convert"] = time.perf_counter() - started
         _log.info("%s: %d signature(s), %d pattern(s) found", self.input_dir, len(keys), sum(found.values()))
@@ -216,8 +256,21 @@ class Converter:
         return merged
 
     def _tuned(self, key: str) -> list[tuple[TunedFusion, object]]:
-        """(fusion, match) for the matches of a signature whose ops run tuned kernels."""
-        return [(fusion, match) for fusion, match in self._matches(key, TunedFusion) if fusion.tuned(match)]
+        """(fusion, match) for the matches of a signature whose ops run tuned kernels (float32 ones)."""
+        return [(fusion, match) for fusion, match in self._matches(key, TunedFusion)
+                if fusion.tuned(match) and self._precision(key, fusion, match).precision == "float32"]
+
+    def _precision(self, key: str, fusion, match) -> LayerPrecision:
+        """The precision a match of a signature runs in, and why where it is not the one asked for."""
+        if self.precision is modes.FLOAT32:
+            return LayerPrecision("float32", "precision='float32'")
+        why = fusion.kept_float32(match) or self._gate_kept.get((self._computations[key], match.core))
+        return LayerPrecision("float32", why) if why else LayerPrecision(self.precision.name)
+
+    def _reduced(self, key: str) -> list[tuple]:
+        """(fusion, match) for the matches of a signature that run in a reduced precision."""
+        return [(fusion, match) for fusion, match in self._matches(key)
+                if self._precision(key, fusion, match).precision != "float32"]
 
     def build(self, input_fn=None) -> "Converter":
         """Tunes every distinct workload; with `input_fn` (yielding dicts of inputs), the shape
@@ -231,7 +284,15 @@ class Converter:
             self.ranges = {g.key: shape_ranges.from_examples(g.input_specs, self._examples) for g in self.graphs}
             self.report.ranges = self.ranges
             self.report.notes = [note for note in self.report.notes if note not in self._range_notes]
-        self._workloads, self._kernels, self._built = {}, {}, True
+        self._built = True
+        self._size_and_tune()
+        self.report.timings["build"] = time.perf_counter() - started
+        return self
+
+    def _size_and_tune(self) -> None:
+        """Sizes the workloads of the matches that run tuned kernels and tunes them into one bundle
+        (the tuning database resumes workloads tuned before)."""
+        self._workloads, self._kernels = {}, {}
         cold_weights = self._cold_weights()
         corners_seen = {}  # Keras exports "serve" and "serving_default" alike: run the model at its corners once
         for graph in self.graphs:
@@ -248,8 +309,7 @@ class Converter:
                                       database=self.database)
             self._bundle_manifest, self._kernels = bundle.manifest, bundle.kernels
             self.report.tuning_times = bundle.times
-        self.report.timings["build"] = time.perf_counter() - started
-        return self
+        self.report.notes = list(dict.fromkeys(self.report.notes))  # sized again after the accuracy gate
 
     def _sized_by_graph(self, graph, tuned: list, cold_weights: bool) -> dict | None:
         """Workloads sized from the graph's symbolic shapes (graph_rewrite.analysis.symbolic_shapes),
@@ -321,10 +381,12 @@ class Converter:
         output = _checked_output(output_saved_model_dir, self.input_dir, overwrite)
         if not self._built:
             self.build()
+        signatures = {g.key: (g.input_specs, self.ranges[g.key]) for g in self.graphs}
+        if self.validate and any(self._reduced(g.key) for g in self.graphs):
+            self._gate(signatures)
         started = time.perf_counter()
         module = self._module()
         self.report.layers, self.report.coverage = self._layers(), self._coverage()
-        signatures = {g.key: (g.input_specs, self.ranges[g.key]) for g in self.graphs}
         with atomic_directory(output) as staging:
             _save(module, staging, self._signatures, self.report.notes)
             self.report.warmup_requests = serving_warmup.write(staging / serving_warmup.WARMUP_FILE,
@@ -339,23 +401,78 @@ class Converter:
     def _check_outputs(self, staging: pathlib.Path, signatures: dict) -> None:
         """The written model against the original (output_check); raises OutputMismatch beyond its bound."""
         check = output_check.check(self.loaded, tf.saved_model.load(str(staging)), signatures, self._examples,
-                                   self._computations)
+                                   self._computations, self.max_error)
         self.report.output_check = check
         self.report.notes += check.notes
         _log.info("output check: %d inputs, %.1f s", check.inputs, check.seconds)
         if check.beyond_bound:
             raise output_check.OutputMismatch(check)
 
+    def _gate(self, signatures: dict) -> None:
+        """The accuracy gate (precision.accuracy_gate): converted dense layers back in float32, most
+        sensitive first, until the outputs meet max_error on the output check's inputs; those layers
+        are then tuned. Raises BoundUnreachable where not even all of them in float32 meet it."""
+        started = time.perf_counter()
+        self._gate_kept = {}
+        reference = output_check.reference(self.loaded, signatures, self._examples, self._computations)
+        ranked = self._ranked(reference)
+
+        def evaluate(in_float32: int) -> OutputCheck:
+            self._gate_kept = {(computation, core): "put back in float32 by the accuracy gate"
+                               for computation, core, _ in ranked[:in_float32]}
+            self._module()
+            return output_check.compare(reference, self._run_rewritten, self.max_error)
+
+        in_float32, rounds = accuracy_gate.settle(len(ranked), evaluate)
+        gate = GateResult(self.precision.name, self.max_error, [(core, error) for _, core, error in ranked], rounds,
+                          in_float32)
+        self._gate_kept = {(computation, core): gate.why_float32(rank)
+                           for rank, (computation, core, _) in enumerate(ranked[:in_float32])}
+        if in_float32:
+            self._size_and_tune()
+        gate.seconds = self.report.timings["accuracy_gate"] = time.perf_counter() - started
+        self.report.accuracy_gate = gate
+        _log.info("accuracy gate: %d of %d dense layers kept in float32, %d rounds, %.1f s", in_float32, len(ranked),
+                  len(rounds), gate.seconds)
+
+    def _ranked(self, reference: output_check.Reference) -> list[tuple]:
+        """(computation, core, own error) of each converted dense layer, once per computation, most
+        sensitive first: its own output error in the precision on its inputs as the original model
+        computes them on the check's inputs (accuracy_gate.own_error)."""
+        layers = []
+        for graph in self.graphs:
+            converted = [match for _, match in self._reduced(graph.key)]
+            if reference.keys[graph.key] != graph.key or not converted:  # ranked under the computation's first key
+                continue
+            tensors = {f"x_{i}": match.x for i, match in enumerate(converted)}
+            inputs = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, tensors,
+                                                    graph.captures, graph.graph_def).function()
+            recorded = [inputs(*[run.feed[name] for name in graph.input_specs])
+                        for run in reference.runs if run.key == graph.key]
+            layers += [(self._computations[graph.key], match.core,
+                        accuracy_gate.own_error(self.precision, match.weight, [r[f"x_{i}"].numpy() for r in recorded]))
+                       for i, match in enumerate(converted)]
+        return sorted(layers, key=lambda layer: -layer[2])
+
+    def _run_rewritten(self, key: str, feed: dict[str, tf.Tensor]) -> dict:
+        """The rewritten signature (as _module last made it) on inputs by name."""
+        return self._signatures[key](*[feed[name] for name in self._graph(key).input_specs])
+
+    def _graph(self, key: str) -> signature_graph.SignatureGraph:
+        return next(graph for graph in self.graphs if graph.key == key)
+
     def _layers(self) -> list[dict]:
         """Per fused match of every signature (Report.to_json): its node, kind, forms, fused ops,
-        precision, and the workload and kernels of a tuned one."""
+        precision and why, and the workload and kernels of a tuned one."""
         layers = []
         for graph in self.graphs:
             for fusion, match, node, ops in self._spliced[self._computations[graph.key]]:
                 workload = self._workloads.get((graph.key, node))
                 entry = self._kernels.get(workload, {})
+                precision = self._precision(graph.key, fusion, match)
                 layers.append({"signature": graph.key, "node": node, "kind": fusion.name,
-                               "forms": list(fusion.forms(match)), "ops": ops, "precision": output_check.PRECISION,
+                               "forms": list(fusion.forms(match)), "ops": ops, "precision": precision.precision,
+                               "precision_why": precision.why,
                                "workload": workload.describe() if workload else None,
                                "kernels": [kernel["name"] for kernel in entry.get("kernels", [])],
                                "weight_layout": entry.get("weight_layout")})
@@ -422,8 +539,9 @@ class Converter:
             computation = self._computations[graph.key]
             if computation not in rewritten_functions:
                 rewritten = self._rewritten[computation] = self._rewrite(graph, module)
-                module.resources_kept += [self._resources[id(t)] for t in graph.captures.values()
-                                          if id(t) in self._resources]
+                # a TF1 model's initializer captures its variables too: they stay, read or not
+                read = rewritten.captures if module.tf1_initializer is None else graph.captures
+                module.resources_kept += [self._resources[id(t)] for t in read.values() if id(t) in self._resources]
                 function = rewritten.function()
                 specs = [tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in graph.input_specs.items()]
                 rewritten_functions[computation] = tf.function(lambda *args, f=function: f(*args),
@@ -436,7 +554,8 @@ class Converter:
         return module
 
     def _rewrite(self, graph: signature_graph.SignatureGraph, module: tf.Module) -> signature_graph.SignatureGraph:
-        """The signature with every match spliced in as a fused op."""
+        """The signature with every match spliced in as a fused op, capturing only what it reads (the
+        original weights of fused layers no longer)."""
         graph_def, captures, outputs = tf.compat.v1.GraphDef(), dict(graph.captures), dict(graph.output_tensors)
         graph_def.CopyFrom(graph.graph_def)
         if hasattr(module, "bundle_manifest"):
@@ -446,7 +565,10 @@ class Converter:
             splice.add_string_constant(graph_def, splice.BUNDLE_PLACEHOLDER, "")
         kernels = {core: self._kernels[workload] for (key, core), workload in self._workloads.items()
                    if key == graph.key}
-        binding = _Binding(graph_def, captures, kernels, lambda value: self._variable(value, module))
+        precisions = {id(match): modes.get(self._precision(graph.key, fusion, match).precision)
+                      for fusion, match in self._matches(graph.key)}
+        binding = _Binding(graph_def, captures, kernels, lambda match: precisions[id(match)],
+                           lambda value: self._variable(value, module))
         replaced: dict[str, str] = {}
         spliced = self._spliced[self._computations[graph.key]] = []  # (fusion, match, its node, its fused ops)
         for fusion in fusions.FUSIONS:
@@ -459,7 +581,7 @@ class Converter:
                                     {tensor: f"out_{j}" for j, tensor in enumerate(replacement.outputs)}, replaced)
                 outputs.update({k: new[v] for k, v in outputs.items() if v in new})
         return signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, outputs,
-                                              captures, graph_def)
+                                              captures, graph_def).read_captures()
 
     def _variable(self, value: np.ndarray, module: tf.Module) -> tf.Variable:
         """A variable holding `value` (a layer's weight in its kernels' layout), made once however
@@ -478,12 +600,16 @@ class _Binding:
     graph_def: tf.compat.v1.GraphDef
     captures: dict[str, tf.Tensor]
     kernels_by_core: dict[str, dict]                   # the manifest's entry of each tuned match's workload
+    precision_of: Callable[[object], Precision]        # the precision each match runs in
     variable_of: Callable[[np.ndarray], tf.Variable]  # the output's variable holding a value
     bundle: str = f"{splice.BUNDLE_PLACEHOLDER}:0"
     bound: int = 0                                     # variables bound so far
 
     def kernels(self, match) -> dict:
-        return self.kernels_by_core[match.core]
+        return self.kernels_by_core.get(match.core, {})
+
+    def precision(self, match) -> Precision:
+        return self.precision_of(match)
 
     def variable(self, value: np.ndarray) -> str:
         placeholder = f"dietcode/packed_{self.bound}"
@@ -529,7 +655,7 @@ def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: 
              tags=("serve",), signature_keys: list[str] | None = None, shape_ranges: dict | None = None,
              input_fn=None, tuning: search.SearchOptions | str = search.SearchOptions(), database=None,
              horizontal_fusion: bool = False, layer_norm_fusion: bool = True, overwrite: bool = False,
-             validate: bool = True) -> Report:
+             validate: bool = True, precision: str = "float32", max_error: float | None = None) -> Report:
     """Optimizes a SavedModel for the given shape ranges (or representative inputs); returns the report.
 
     tuning: a SearchOptions, or a budget by name: "quick" (search.QUICK) or "default".
@@ -537,7 +663,16 @@ def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: 
     optimized again tunes only what is new (Database() tunes from scratch, in memory).
 
     validate: run the written model against the original (output_check) and write nothing
-    where an output differs beyond float32 tolerance.
+    where an output differs beyond the bound (max_error). With validate=False no bound is
+    enforced: neither the check nor the accuracy gate runs.
+
+    precision: "float32" (the default: DietCode-tuned kernels), "bfloat16" or "int8": dense
+    layers run that precision's op (kernels it chooses, not tuned) over weights converted here
+    and stored as the output's variables; attention products, layer norms and softmax stay
+    float32. max_error: the bound on each output's error relative to its largest value (default:
+    the precision's, precision.modes); in a reduced precision the accuracy gate keeps the layers
+    the outputs are most sensitive to in float32 until it holds, and raises
+    accuracy_gate.BoundUnreachable (an OutputMismatch) where not even float32 meets it.
 
     horizontal_fusion: dense layers that read the same input (attention's query, key and value
     projections) run as one GEMM over their concatenated weights. Off by default: on BERT-base,
@@ -550,7 +685,7 @@ def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: 
     converter = Converter(input_saved_model_dir, tags=tags, signature_keys=signature_keys,
                           shape_ranges=shape_ranges, tuning=tuning, database=database,
                           horizontal_fusion=horizontal_fusion, layer_norm_fusion=layer_norm_fusion,
-                          validate=validate)
+                          validate=validate, precision=precision, max_error=max_error)
     _checked_output(output_saved_model_dir, converter.input_dir, overwrite)  # before the tuning, not after it
     converter.convert().build(input_fn)
     return converter.save(output_saved_model_dir, overwrite=overwrite)

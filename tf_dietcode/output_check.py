@@ -21,17 +21,23 @@ hidden 256, every layer fused) read 1.6e-6 at this check's inputs and at most
 1.3e-6 on random token ids (2-vCPU AMD EPYC), while a broken rewrite (a wrong
 weight layout, a dropped bias or activation, a wrong kernel) is off by far
 more: a dense weight 1% off reads 1e-2.
+
+BOUND is float32's: a model optimized in a reduced precision is held to that
+precision's bound instead (its `max_error`, tf_dietcode.precision), which the
+accuracy gate (precision.accuracy_gate) meets by keeping layers in float32; the
+gate runs candidates on the same inputs, against the original's outputs read
+once (`reference`).
 """
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
 
 from tf_dietcode.graph_rewrite.analysis import shape_ranges
 
-PRECISION = "float32"  # what every fused op computes in, and what BOUND is for
 BOUND = 1e-4  # float32 outputs: the largest error relative to the output's largest |value|
 SEED = 0
 
@@ -42,11 +48,10 @@ class OutputError:
     output: str
     error: float    # float outputs: as BOUND measures it; others: the share of elements that differ
     at: str         # the inputs where it was largest
-    checked: bool   # a float output, held to BOUND
+    checked: bool   # a float output, held to the check's bound
 
-    @property
-    def beyond_bound(self) -> bool:
-        return self.checked and not self.error <= BOUND  # NaN too
+    def beyond(self, bound: float) -> bool:
+        return self.checked and not self.error <= bound  # NaN too
 
 
 @dataclasses.dataclass
@@ -54,14 +59,21 @@ class OutputCheck:
     inputs: int                                  # input sets run on both models
     errors: list[OutputError]                    # per signature output
     notes: list[str]                             # inputs left out: the original fails on them
+    bound: float = BOUND                         # a float output's largest error that passes
     seconds: float = 0.0
 
     @property
     def beyond_bound(self) -> list[OutputError]:
-        return [e for e in self.errors if e.beyond_bound]
+        return [e for e in self.errors if e.beyond(self.bound)]
+
+    @property
+    def largest(self) -> OutputError | None:
+        """The float output whose error is largest (NaN counts as largest), None without any."""
+        checked = [e for e in self.errors if e.checked]
+        return max(checked, key=lambda e: np.inf if np.isnan(e.error) else e.error, default=None)
 
     def to_json(self) -> dict:
-        return {"bound": BOUND, "inputs": self.inputs, "seconds": self.seconds, "notes": self.notes,
+        return {"bound": self.bound, "inputs": self.inputs, "seconds": self.seconds, "notes": self.notes,
                 "outputs": [dataclasses.asdict(e) for e in self.errors]}
 
 
@@ -71,8 +83,9 @@ class OutputMismatch(ValueError):
     def __init__(self, check: OutputCheck):
         self.check = check
         worst = ", ".join(f"{e.signature}.{e.output}: {e.error:.3g} at {e.at}" for e in check.beyond_bound)
-        super().__init__(f"the optimized model's outputs differ from the original's beyond float32 tolerance "
-                         f"({BOUND:g} of each output's largest value): {worst}; nothing was written. "
+        tolerance = "float32 tolerance" if check.bound == BOUND else "max_error"
+        super().__init__(f"the optimized model's outputs differ from the original's beyond {tolerance} "
+                         f"({check.bound:g} of each output's largest value): {worst}; nothing was written. "
                          "This is a bug in tf_dietcode: please report it with the model's layers "
                          "(optimize(..., validate=False) writes the model unchecked)")
 
@@ -89,33 +102,69 @@ def _inputs(specs: dict[str, tf.TensorSpec], ranges: shape_ranges.DimRanges,
             for i, point in enumerate(points) if point not in points[:i]]
 
 
-def check(original, written, signatures: dict[str, tuple[dict[str, tf.TensorSpec], shape_ranges.DimRanges]],
-          examples: list[dict], computations: dict[str, object]) -> OutputCheck:
-    """Runs both models' signatures ({key: (input specs, ranges)}) on the check's inputs, once
+@dataclasses.dataclass
+class Run:
+    """The original model's outputs on one of the check's inputs."""
+    key: str                          # the signature run (the first of those that compute alike)
+    feed: dict[str, tf.Tensor]
+    at: str                           # the input shapes, as reports name them
+    outputs: dict[str, np.ndarray]
+
+
+@dataclasses.dataclass
+class Reference:
+    """The original's outputs on the check's inputs, once per computation, for every signature."""
+    runs: list[Run]
+    keys: dict[str, str]              # each signature -> the key its computation was run under
+    notes: list[str]                  # inputs left out: the original fails on them
+
+
+def reference(original, signatures: dict[str, tuple[dict[str, tf.TensorSpec], shape_ranges.DimRanges]],
+              examples: list[dict], computations: dict[str, object]) -> Reference:
+    """Runs the original's signatures ({key: (input specs, ranges)}) on the check's inputs, once
     per computation (`computations`: what each key computes; Keras' serve and serving_default
     alike)."""
-    started, runs = time.perf_counter(), 0
-    errors, notes, done = [], [], {}
+    runs, notes, first = [], [], {}
     for key, (specs, ranges) in signatures.items():
-        if computations[key] not in done:
-            found = []
-            for feed in _inputs(specs, ranges, examples):
-                at = shape_ranges.shapes_text(feed)
-                try:
-                    expected = original.signatures[key](**feed)
-                except tf.errors.OpError as error:
-                    notes.append(f"{key}: the output check left out {at}: the original model fails there "
-                                 f"({shape_ranges.op_error_summary(error)})")
-                    continue
-                runs += 1
-                try:
-                    found += _compare(key, expected, written.signatures[key](**feed), at)
-                except tf.errors.OpError as error:  # where the original runs
-                    found += [OutputError(key, name, float("inf"), f"{at} (it fails: "
-                                          f"{shape_ranges.op_error_summary(error)})", True) for name in expected]
-            done[computations[key]] = _largest(found)
-        errors += [dataclasses.replace(e, signature=key) for e in done[computations[key]]]
-    return OutputCheck(runs, errors, notes, time.perf_counter() - started)
+        if computations[key] in first:
+            continue
+        first[computations[key]] = key
+        for feed in _inputs(specs, ranges, examples):
+            at = shape_ranges.shapes_text(feed)
+            try:
+                expected = original.signatures[key](**feed)
+            except tf.errors.OpError as error:
+                notes.append(f"{key}: the output check left out {at}: the original model fails there "
+                             f"({shape_ranges.op_error_summary(error)})")
+                continue
+            runs.append(Run(key, feed, at, {name: np.asarray(value) for name, value in expected.items()}))
+    return Reference(runs, {key: first[computations[key]] for key in signatures}, notes)
+
+
+def compare(reference: Reference, run: Callable[[str, dict[str, tf.Tensor]], dict],
+            bound: float = BOUND) -> OutputCheck:
+    """Each signature's largest error per output: `run(key, feed)` (the written model's outputs,
+    or a candidate's) against the original's."""
+    started, worst = time.perf_counter(), {}
+    for original in reference.runs:
+        try:
+            found = _compare(original.key, original.outputs, run(original.key, original.feed), original.at)
+        except tf.errors.OpError as error:  # where the original runs
+            found = [OutputError(original.key, name, float("inf"), f"{original.at} (it fails: "
+                                 f"{shape_ranges.op_error_summary(error)})", True) for name in original.outputs]
+        worst.setdefault(original.key, []).extend(found)
+    errors = [dataclasses.replace(e, signature=key) for key, first in reference.keys.items()
+              for e in _largest(worst.get(first, []))]
+    return OutputCheck(len(reference.runs), errors, list(reference.notes), bound, time.perf_counter() - started)
+
+
+def check(original, written, signatures: dict[str, tuple[dict[str, tf.TensorSpec], shape_ranges.DimRanges]],
+          examples: list[dict], computations: dict[str, object], bound: float = BOUND) -> OutputCheck:
+    """The written model against the original on the check's inputs (`reference`), with `bound`."""
+    started = time.perf_counter()
+    result = compare(reference(original, signatures, examples, computations),
+                     lambda key, feed: written.signatures[key](**feed), bound)
+    return dataclasses.replace(result, seconds=time.perf_counter() - started)
 
 
 def _values(dtype: tf.DType, shape: list[int], rng: np.random.Generator) -> tf.Tensor:

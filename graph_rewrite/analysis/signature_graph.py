@@ -30,6 +30,33 @@ class SignatureGraph:
     captures: dict[str, tf.Tensor]         # placeholder node name -> the tensor it stands for
     graph_def: tf.compat.v1.GraphDef
 
+    def read_captures(self) -> "SignatureGraph":
+        """The same graph capturing only what its outputs read: a rewrite leaves the variables of
+        the layers it replaced unread, and a function would still capture (and a SavedModel keep)
+        them. Reads whose values nothing uses are dropped from the control dependencies that
+        inlining gave them (the function's outputs wait on all its stateful ops): a read orders nothing."""
+        nodes = {node.name: node for node in self.graph_def.node}
+
+        def followed(tensor: str) -> bool:
+            return not tensor.startswith("^") or nodes.get(tensor[1:], None) is None or \
+                nodes[tensor[1:]].op != "ReadVariableOp"
+
+        reached, pending = set(), [name.split(":")[0] for name in self.output_tensors.values()]
+        while pending:
+            name = pending.pop()
+            if name not in reached and name in nodes:
+                reached.add(name)
+                pending += [tensor.lstrip("^").split(":")[0] for tensor in nodes[name].input if followed(tensor)]
+        graph_def = tf.compat.v1.GraphDef()
+        graph_def.CopyFrom(self.graph_def)
+        for node in graph_def.node:
+            if node.name in reached:
+                kept = [tensor for tensor in node.input if followed(tensor) or tensor[1:] in reached]
+                del node.input[:]
+                node.input.extend(kept)
+        return dataclasses.replace(self, graph_def=graph_def,
+                                   captures={name: t for name, t in self.captures.items() if name in reached})
+
     def function(self) -> tf.types.experimental.ConcreteFunction:
         """graph_def as a function of the signature's inputs (in flat order), returning the outputs dict."""
         return wrap_function.function_from_graph_def(

@@ -3,7 +3,9 @@
 A kind finds its patterns in one signature's graph (and says which it left alone
 and why), names the forms each match fuses (the report counts them), and writes
 the op that replaces a match, bound through a Binding to what the Converter
-owns: the kernel bundle and the output model's variables. A kind whose op runs
+owns: the kernel bundle, the output model's variables and the precision each
+match runs in (a kind whose op reads a fixed weight may run in a reduced
+precision, tf_dietcode.precision; the others say why they stay float32). A kind whose op runs
 tuned kernels (TunedFusion) also sizes each match as the Workload they are
 tuned for: from the graph's symbolic shapes, or else from the shapes its
 operands are seen with when the model runs at the corners of the shape ranges.
@@ -20,6 +22,7 @@ import tensorflow as tf
 
 from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex
 from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
+from tf_dietcode.precision.contract import Precision
 from tf_dietcode.tuning.workload import Workload
 
 
@@ -57,7 +60,11 @@ class Binding(Protocol):
     bundle: str  # the tensor holding the kernel bundle's manifest path ("" where nothing was tuned)
 
     def kernels(self, match) -> dict:
-        """The bundle manifest's entry for the workload a TunedFusion's match was tuned as."""
+        """The bundle manifest's entry for the workload a TunedFusion's match was tuned as ({} where
+        it was not tuned: it runs in a reduced precision, or was put back in float32 after tuning)."""
+
+    def precision(self, match) -> Precision:
+        """The precision the match runs in (float32 for a match whose kind says why it stays float32)."""
 
     def variable(self, value: np.ndarray) -> str:
         """A resource tensor for a variable holding `value`, kept by the output model (one per
@@ -80,6 +87,11 @@ class Fusion(abc.ABC):
     def label(self, form: str) -> str:
         """How the report's summary names a form."""
         return form
+
+    def kept_float32(self, match) -> str | None:
+        """Why the match's op computes in float32 whatever precision is asked for; None where it
+        can run in any (its op reads a fixed weight that is converted at optimize time)."""
+        return f"{self.name.replace('_', ' ')} runs in float32: only dense layers have reduced-precision ops"
 
     def summary(self, merged: tuple[int, int], switches: Switches) -> list[str]:
         """Lines of the report's summary on the kind's passes, given how many of its patterns

@@ -1,16 +1,18 @@
-"""Dense layers (dense_patterns, with their activations) as DietcodeFusedMatMul ops.
+"""Dense layers (dense_patterns, with their activations) as fused matmul ops.
 
 Each layer, or each group of layers horizontal fusion merged (horizontal_fusion:
-a lone layer is a group of one), is one op over its weights packed in the
-layout its tuned kernels read, and one workload: M rows (x's leading dims),
-the group's N and K.
+a lone layer is a group of one), is one op over its weights converted for the
+precision it runs in (tf_dietcode.precision): in float32, DietcodeFusedMatMul
+over the weights packed in the layout its tuned kernels read, with one
+workload: M rows (x's leading dims), the group's N and K; in a reduced
+precision, that precision's op over the weights converted to it.
 """
 
 import math
 
+import numpy as np
 import tensorflow as tf
 
-from tf_dietcode import ops
 from tf_dietcode.graph_rewrite.analysis import shape_ranges
 from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex
 from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
@@ -19,8 +21,8 @@ from tf_dietcode.graph_rewrite.fusions.contract import Binding, Found, Replaceme
 from tf_dietcode.graph_rewrite.fusions.dense_patterns import DenseMatch
 from tf_dietcode.graph_rewrite.fusions.horizontal_fusion import DenseGroup
 from tf_dietcode.graph_rewrite.splice import scratch_graph
+from tf_dietcode.precision.contract import Precision
 from tf_dietcode.tuning import hardware
-from tf_dietcode.tuning.templates import dense as dense_template
 from tf_dietcode.tuning.workload import Workload
 
 
@@ -38,6 +40,12 @@ class Dense(TunedFusion):
 
     def label(self, form: str) -> str:
         return f"dense ({form})"
+
+    def kept_float32(self, group: DenseGroup) -> str | None:
+        if group.groups == 1:
+            return None
+        return (f"horizontal fusion merged it with {group.groups - 1} other layer(s) into one GEMM, whose "
+                "group-major output only the float32 op writes")
 
     def summary(self, merged: tuple[int, int], switches: Switches) -> list[str]:
         if not switches.horizontal_fusion:
@@ -65,12 +73,15 @@ class Dense(TunedFusion):
         return _workload(group, rows, cold_weight), rows[0] == rows[1]
 
     def replacement(self, group: DenseGroup, binding: Binding) -> Replacement:
-        """The group's op over its weight in the layout of its kernels (read in place, or packed)."""
-        value, packed_n = dense_template.weight_operand(group.weight.T, binding.kernels(group).get("weight_layout"))
+        """The group's op over its weight converted for its precision (in float32: in the layout of
+        its kernels, read in place or packed)."""
+        precision = binding.precision(group)
+        weights = precision.convert(group.weight, binding.kernels(group).get("weight_layout"))
         members = {f"{name}_{j}": tensor for j, m in enumerate(group.members)
                    for name, tensor in (("bias", m.bias), ("out_shape", m.out_shape))}
-        bound = {"x": group.x, "packed": binding.variable(value), "bundle": binding.bundle, **members}
-        return Replacement(_replacement_graph(group, packed_n), bound, [m.output for m in group.members])
+        bound = {"x": group.x, "bundle": binding.bundle, **members,
+                 **{f"weight_{name}": binding.variable(value) for name, value in weights.items()}}
+        return Replacement(_replacement_graph(group, precision, weights), bound, [m.output for m in group.members])
 
 
 def _workload(group: DenseGroup, rows: tuple[int, int], cold_weight: bool) -> Workload:
@@ -87,15 +98,22 @@ def _bias_vector(member: DenseMatch, i: int) -> tf.Tensor:
     return bias if len(member.bias_shape) == 1 else tf.reshape(bias, [-1])
 
 
-def _replacement_graph(group: DenseGroup, packed_n: int) -> tf.compat.v1.GraphDef:
-    """act(x @ W + b) over x's trailing dims for a group of layers, W their weights side by side,
-    pre-packed (packed_n = N) or as stored ([K, N], packed_n = 0), written group-major and unstacked
-    (no copy) into each member's output "out_<i>". Placeholders x, packed (W's variable), bias_<i>,
-    out_shape_<i> and bundle."""
+def _read(name: str, value: np.ndarray) -> tf.Tensor:
+    """The value of the variable bound to placeholder weight_<name>, with `value`'s dtype and shape."""
+    handle = tf.compat.v1.placeholder(tf.resource, name=f"weight_{name}")
+    tensor = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.as_dtype(value.dtype))
+    tensor.set_shape(value.shape)
+    return tensor
+
+
+def _replacement_graph(group: DenseGroup, precision: Precision, weights: dict[str, np.ndarray]) -> tf.compat.v1.GraphDef:
+    """act(x @ W + b) over x's trailing dims for a group of layers, W their weights side by side as
+    `precision` converted them (`weights`, read from variables), written group-major and unstacked
+    (no copy) into each member's output "out_<i>". Placeholders x, weight_<name> (one per array of
+    `weights`), bias_<i>, out_shape_<i> and bundle."""
     def build():
         x = tf.compat.v1.placeholder(tf.float32, name="x")
-        packed = tf.raw_ops.ReadVariableOp(resource=tf.compat.v1.placeholder(tf.resource, name="packed"),
-                                           dtype=tf.float32)
+        converted = {name: _read(name, value) for name, value in weights.items()}
         bias = None
         if group.has_bias:  # the members' biases as vectors side by side, zeros for those without
             biases = [_bias_vector(member, i) for i, member in enumerate(group.members)]
@@ -104,9 +122,9 @@ def _replacement_graph(group: DenseGroup, packed_n: int) -> tf.compat.v1.GraphDe
         first = group.members[0]
         whole = len(group.members) == 1 and first.out_shape is None  # the op's output is the layer's
         operand, num_k_dims = (x, group.contracted) if group.shares_x else (tf.reshape(x, [-1, group.k]), 1)
-        product = ops.fused_matmul(operand, packed, bias, activation=group.activation, packed_n=packed_n,
-                                   num_k_dims=num_k_dims, n_dims=first.out_dims if whole else (),
-                                   groups=group.groups, bundle=bundle, name="out_0" if whole else None)
+        product = precision.product(operand, converted, bias, n=group.n, activation=group.activation,
+                                    num_k_dims=num_k_dims, n_dims=first.out_dims if whole else (),
+                                    groups=group.groups, bundle=bundle, name="out_0" if whole else None)
         if whole:
             return
         pieces = tf.unstack(product, num=group.groups, axis=0) if group.groups > 1 else [product]

@@ -1,0 +1,1 @@
+"""Reduced-precision modes: weights converted at optimize time, the ops that read them."""
