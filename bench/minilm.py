@@ -263,6 +263,23 @@ def batches(sentences: Sequence[str], batch_size: int) -> list[Batch]:
     return result
 
 
+def examples(sentences: Sequence[str], batch_size: int, max_length: int) -> list[dict[str, np.ndarray]]:
+    """Representative inputs for optimize(input_fn=...), spanning batch 1..batch_size and T 1..max_length:
+    the sentences in batches (cut at max_length tokens), a [CLS] alone (batch 1, T 1) and the longest
+    batch_size sentences padded or cut to max_length. The output check and the accuracy gate run them:
+    their default inputs (zero token ids, every mask 0) give every embedding 0, which checks nothing."""
+    def cut(input_ids: np.ndarray, attention_mask: np.ndarray, length: int) -> dict[str, np.ndarray]:
+        padding = ((0, 0), (0, max(length - input_ids.shape[1], 0)))
+        return {"input_ids": np.pad(input_ids, padding)[:, :length],
+                "attention_mask": np.pad(attention_mask, padding)[:, :length]}
+
+    found = batches(sentences, batch_size)
+    cls = tokenizer().token_to_id("[CLS]")
+    return [{"input_ids": np.array([[cls]], np.int32), "attention_mask": np.ones((1, 1), np.int32)},
+            *(cut(b.input_ids, b.attention_mask, min(b.input_ids.shape[1], max_length)) for b in found),
+            cut(found[-1].input_ids, found[-1].attention_mask, max_length)]
+
+
 def read_sentences(path: pathlib.Path = SENTENCES) -> list[str]:
     """One sentence a line; lines starting with # are comments."""
     return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]

@@ -15,7 +15,9 @@ and the quick tuning budget):
   the parent's TF timings crosses processes and carries the machine's run-to-run noise;
 - onnxruntime: the original converted by tf2onnx, ONNX Runtime with its default session options;
 - onnxruntime_int8: that model after onnxruntime.quantization.quantize_dynamic with its defaults;
-- dietcode_<precision>: tf_dietcode.optimize() for batch 1..max(batches), T 1..128, per precision.
+- dietcode_<precision>: tf_dietcode.optimize(precision=...) with its defaults for batch 1..max(batches),
+  T 1..128, on representative inputs (BERT-base: random token ids at the corners and the middle;
+  MiniLM: the sentences), which its output check and accuracy gate run.
 Timing as bench.timing.block_medians does it (blocks of back-to-back calls, rounds alternating
 between the peers, medians); float32 peers' outputs are checked against TF's at every cell.
 
@@ -23,7 +25,8 @@ The limit beside the figures: at small T a call reads every dense weight once (B
 them, MiniLM: 11M), so weight bytes / DRAM read bandwidth (bench/dram_read.c, measured in this run)
 bounds its time from below where the weights do not fit in the last-level cache. Per peer, the bytes
 a weight takes as its call reads it: 4 in float32 (TF's bf16 AMP casts its float32 weights at each
-call), 2 in bfloat16, 1 in int8.
+call), 2 in bfloat16, 1 in int8 (a layer the accuracy gate keeps in float32 reads 4: the floor stays a
+lower bound).
 
 Accuracy, in the same run, against the float32 original on stock TF: MiniLM's embeddings of
 tests/data/sentences.txt (cosine similarity per sentence: min and mean), BERT-base's output on random
@@ -62,7 +65,7 @@ SECONDS_PER_CELL = 20.0
 QUICK_SECONDS_PER_CELL = 3.0
 AMP_FLAG = "--tf-amp-worker"
 AMP = "tensorflow_bf16_amp"
-DIETCODE_PRECISIONS = ("float32",)
+DIETCODE_PRECISIONS = ("float32", "bfloat16", "int8")
 PRECISION_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1}
 # Bytes per dense weight as each peer's call reads it (the DRAM floor's numerator).
 WEIGHT_BYTES = {"tensorflow": 4, AMP: 4, "onnxruntime": 4, "onnxruntime_int8": 1,
@@ -82,7 +85,8 @@ class BenchModel:
     export: Callable[[object, pathlib.Path], None]       # (keras.Model, path)
     inputs: Callable[[int, int, int], Inputs]            # (batch, T, seed) -> the signature's inputs
     output: str                                          # the signature's output key
-    sentences: bool = False                              # accuracy on the sentences (else on accuracy_inputs)
+    examples: Callable[[list[int]], list[Inputs]]        # batches -> optimize()'s representative inputs
+    sentences: bool = False                              # accuracy on the sentences (else on random inputs)
 
 
 def _token_ids(vocabulary: int) -> Callable[[int, int, int], Inputs]:
@@ -96,11 +100,27 @@ def _words(batch: int, t: int, seed: int) -> Inputs:
     return {"input_ids": ids.astype(np.int32), "attention_mask": np.ones((batch, t), np.int32)}
 
 
+def _corners(inputs: Callable[[int, int, int], Inputs]) -> Callable[[list[int]], list[Inputs]]:
+    """Random inputs at the corners and the middle of batch x T 1..MAX_LENGTH."""
+    def examples(batches: list[int]) -> list[Inputs]:
+        lowest, highest = min(batches), max(batches)
+        shapes = [(lowest, 1), ((lowest + highest) // 2, MAX_LENGTH // 2), (highest, MAX_LENGTH)]
+        return [inputs(batch, t, 2) for batch, t in shapes]
+
+    return examples
+
+
+def _sentence_examples(batches: list[int]) -> list[Inputs]:
+    """The sentences in batches of max(batches), the corners of batch x T 1..MAX_LENGTH among them."""
+    return minilm.examples(minilm.read_sentences(), max(batches), MAX_LENGTH)
+
+
 MODELS = [
     BenchModel("bert_base", lambda: encoder.build(encoder.BERT_BASE),
                lambda model, path: model.export(str(path), verbose=False),
-               _token_ids(encoder.BERT_BASE.vocabulary), "output_0"),
-    BenchModel("all_minilm_l6_v2", minilm.pretrained, minilm.export, _words, "embeddings", sentences=True),
+               _token_ids(encoder.BERT_BASE.vocabulary), "output_0", _corners(_token_ids(encoder.BERT_BASE.vocabulary))),
+    BenchModel("all_minilm_l6_v2", minilm.pretrained, minilm.export, _words, "embeddings", _sentence_examples,
+               sentences=True),
 ]
 
 
@@ -176,14 +196,17 @@ def amp_from_child(out: pathlib.Path, batches: list[int], quick: bool) -> tuple[
 
 
 def optimize(model: BenchModel, original: pathlib.Path, optimized: pathlib.Path, precision: str,
-             batches: list[int], quick: bool, database: Database) -> None:
-    """optimize() for batches x T 1..MAX_LENGTH at `precision`."""
+             batches: list[int], quick: bool, database: Database) -> int:
+    """optimize() at `precision` with its defaults, on the model's representative inputs (batches x T
+    1..MAX_LENGTH; the output check and the accuracy gate run them); returns how many dense layers the
+    gate kept in float32."""
     started = time.perf_counter()
-    ranges = {name: [(min(batches), max(batches)), (1, MAX_LENGTH)] for name in model.inputs(1, 1, 0)}
-    result = tf_dietcode.optimize(original, optimized, shape_ranges=ranges, tuning=cli.search_options(quick),
-                                  database=database, overwrite=True)
+    examples = model.examples(batches)
+    result = tf_dietcode.optimize(original, optimized, input_fn=lambda: iter(examples), precision=precision,
+                                  tuning=cli.search_options(quick), database=database, overwrite=True)
     print(result.summary())
     print(f"optimize() of {model.name} at {precision} took {time.perf_counter() - started:.0f} s")
+    return result.accuracy_gate.in_float32 if result.accuracy_gate else 0
 
 
 def onnx_sessions(original: pathlib.Path, folder: pathlib.Path) -> dict[str, Call]:
@@ -220,8 +243,10 @@ def print_tables(rows: list[dict], accuracy: list[dict], limits: list[dict], pee
               f"{(measured[0] if measured else float('nan')):9.2f} ms  floor {floor}")
     print("\naccuracy against TF float32:")
     for row in accuracy:
+        kept = f", {row['dense_layers_kept_float32']} dense layers kept in float32 by the accuracy gate" \
+            if row["dense_layers_kept_float32"] else ""
         print(f"  {row['model']:>18s} {row['peer']:>22s} cosine min {row['min_cosine']:.6f} "
-              f"mean {row['mean_cosine']:.6f}, max relative error {row['max_relative_error']:.2e}")
+              f"mean {row['mean_cosine']:.6f}, max relative error {row['max_relative_error']:.2e}{kept}")
 
 
 def main(argv=None):
@@ -248,10 +273,9 @@ def main(argv=None):
         weights[model.name] = dense_weights(keras_model)
         model.export(keras_model, original)
     amp_timings, amp_outputs = amp_from_child(args.out, args.batches, args.quick)
-    for model in MODELS:
-        for precision in DIETCODE_PRECISIONS:
-            optimize(model, args.out / model.name / "original", args.out / model.name / f"dietcode_{precision}",
-                     precision, args.batches, args.quick, Database(database_path))
+    kept_float32 = {(model.name, f"dietcode_{precision}"): optimize(
+        model, args.out / model.name / "original", args.out / model.name / f"dietcode_{precision}", precision,
+        args.batches, args.quick, Database(database_path)) for model in MODELS for precision in DIETCODE_PRECISIONS}
     sessions = {model.name: onnx_sessions(args.out / model.name / "original", args.out / model.name)
                 for model in MODELS}
     machine = hardware.detect()
@@ -283,7 +307,8 @@ def main(argv=None):
             print(f"{batch:5d} {t:4d} " + " ".join(f"{seconds[p] * 1e3:16.2f}" for p in peers))
         reference = accuracy_outputs(model, calls["tensorflow"])
         outputs = {peer: accuracy_outputs(model, call) for peer, call in calls.items() if peer != "tensorflow"}
-        accuracy += [accuracy_row(model, peer, found, reference)
+        accuracy += [accuracy_row(model, peer, found, reference) | {
+                     "dense_layers_kept_float32": kept_float32.get((model.name, peer), 0)}
                      for peer, found in [*outputs.items(), (AMP, amp_outputs[model.name])]]
         del loaded, calls
     print_tables(rows, accuracy, limits, peers)
