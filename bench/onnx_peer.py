@@ -35,6 +35,32 @@ def export_all(out_dir: pathlib.Path) -> None:
 def convert_saved_model(saved_model: pathlib.Path, path: pathlib.Path) -> None:
     """A SavedModel's serving signature as the ONNX model `path`, by tf2onnx in a child process."""
     _convert(["tf2onnx.convert", "--saved-model", str(saved_model), "--output", str(path), "--opset", "17"])
+    _erfc_as_erf(path)
+
+
+def _erfc_as_erf(path: pathlib.Path) -> None:
+    """tf2onnx 1.17 writes TF's Erfc as an ONNX Erfc, an op ONNX does not have (ONNX Runtime refuses the
+    model); Keras' exact GELU is 0.5 * x * erfc(-x / sqrt(2)). Each becomes 1 - Erf, in place."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    if not any(node.op_type == "Erfc" and node.domain in ("", "ai.onnx") for node in model.graph.node):
+        return
+    one = "erfc_as_erf/one"
+    model.graph.initializer.append(numpy_helper.from_array(np.array(1.0, np.float32), one))
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type == "Erfc" and node.domain in ("", "ai.onnx"):
+            erf = f"{node.output[0]}/erf"
+            nodes += [helper.make_node("Erf", list(node.input), [erf], name=f"{node.name}/Erf"),
+                      helper.make_node("Sub", [one, erf], list(node.output), name=f"{node.name}/Sub")]
+        else:
+            nodes.append(node)
+    model.graph.ClearField("node")
+    model.graph.node.extend(nodes)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
 
 
 def _convert(module_and_arguments: list[str]) -> None:

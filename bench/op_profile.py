@@ -14,7 +14,7 @@ per-op times, not end-to-end latency (bench.bert_base times that).
 
 Dense layers are the products that read a fixed weight: their weight bytes per
 inference over their time is their effective bandwidth, set against the DRAM
-streaming-read bandwidth measured in the same run (bench.peak) — the limit of a
+read bandwidth from DRAM measured in the same run (bench.peak) — the limit of a
 call that reads each weight once.
 
 Writes op_profile.csv (runtime, T, op type, ms per inference, share),
@@ -183,7 +183,7 @@ def main(argv=None):
         bert_base.optimize(original, optimized, [args.batch], args.quick, args.out)
     onnx_model = args.out / "original.onnx"
     onnx_peer.convert_saved_model(original, onnx_model)
-    stream_gbps = peak.stream_read_gbps(threads=len(os.sched_getaffinity(0)))
+    stream_gbps = peak.dram_read_gbps(threads=len(os.sched_getaffinity(0)))
     calls = QUICK_CALLS if args.quick else CALLS
     traced = {"tensorflow": TracedSavedModel(original), "dietcode": TracedSavedModel(optimized)}
     profile, dense = [], []

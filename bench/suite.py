@@ -6,9 +6,9 @@ Runs each part in its own process, one after another (never two timings at
 once on this 2-core machine), from a fresh output directory (so tuning times
 are not shortened by an earlier run's database):
 peak, kernel_peers, tuned_kernels, tuning_cost (which reads tuned_kernels'
-DietCode and largest-shape runs), bert_base. --quick gives each part its quick
-mode (a few T, the quick tuning budget): 11-15 minutes on a 2-core Zen 3 or Zen 4,
-16-19 on a 2-core Zen 1; the full run takes about 1.5 hours.
+DietCode and largest-shape runs), bert_base, precision (which starts from a copy
+of bert_base's tuning database: its float32 BERT-base is the same tuning). --quick gives each part its
+quick mode (a few T, the quick tuning budget); the full run takes about 1.5 hours.
 Then copies every CSV and plot into <docs>/results/suite/ and writes
 <docs>/BENCHMARKS.md from those CSVs alone.
 """
@@ -24,7 +24,8 @@ from bench import benchmarks_md, report
 
 # (part, whether it has a quick mode, {flag: the earlier part whose output it reads})
 PARTS = [("peak", False, {}), ("kernel_peers", True, {}), ("tuned_kernels", True, {}),
-         ("tuning_cost", True, {"--tuned-kernels": "tuned_kernels"}), ("bert_base", True, {})]
+         ("tuning_cost", True, {"--tuned-kernels": "tuned_kernels"}), ("bert_base", True, {}),
+         ("precision", True, {"--tuning-database-from": "bert_base"})]
 
 
 def command(part: str, has_quick: bool, inputs: dict[str, str], quick: bool, out: pathlib.Path) -> list[str]:
