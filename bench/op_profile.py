@@ -19,7 +19,7 @@ call that reads each weight once.
 
 Writes op_profile.csv (runtime, T, op type, ms per inference, share),
 dense_bandwidth.csv (runtime, T, dense ms, weight MB, GB/s, fraction of the
-streaming read) and op_profile.png; prints both tables.
+DRAM read) and op_profile.png; prints both tables.
 """
 
 import collections
@@ -133,15 +133,15 @@ def profile_rows(runtime: str, t: int, micros: dict[str, float], op_types: dict[
 
 
 def dense_row(runtime: str, t: int, micros: dict[str, float], op_types: dict[str, str],
-              weight_bytes: dict[str, int], stream_gbps: float) -> dict:
+              weight_bytes: dict[str, int], dram_gbps: float) -> dict:
     """The dense layers' time, weight bytes and effective bandwidth per inference."""
     dense = [node for node, op in op_types.items() if op in DENSE_OPS and weight_bytes.get(node, 0) > 0]
     seconds = sum(micros[node] for node in dense) / 1e6
     weights = sum(weight_bytes[node] for node in dense)
     gbps = weights / seconds / 1e9 if seconds else float("nan")
     return {"runtime": runtime, "T": t, "dense_ops": len(dense), "dense_ms": seconds * 1e3,
-            "weight_mb": weights / 1e6, "gbps": gbps, "stream_read_gbps": stream_gbps,
-            "fraction_of_stream_read": gbps / stream_gbps}
+            "weight_mb": weights / 1e6, "gbps": gbps, "dram_read_gbps": dram_gbps,
+            "fraction_of_dram_read": gbps / dram_gbps}
 
 
 def plot(rows: list[dict], path: pathlib.Path, top: int = 8) -> None:
@@ -183,7 +183,7 @@ def main(argv=None):
         bert_base.optimize(original, optimized, [args.batch], args.quick, args.out)
     onnx_model = args.out / "original.onnx"
     onnx_peer.convert_saved_model(original, onnx_model)
-    stream_gbps = peak.dram_read_gbps(threads=len(os.sched_getaffinity(0)))
+    dram_gbps = peak.dram_read_gbps(threads=len(os.sched_getaffinity(0)))
     calls = QUICK_CALLS if args.quick else CALLS
     traced = {"tensorflow": TracedSavedModel(original), "dietcode": TracedSavedModel(optimized)}
     profile, dense = [], []
@@ -194,15 +194,15 @@ def main(argv=None):
         for runtime, run in runs.items():
             micros, op_types, weights = run()
             profile += profile_rows(runtime, t, micros, op_types)
-            dense.append(dense_row(runtime, t, micros, op_types, weights, stream_gbps))
+            dense.append(dense_row(runtime, t, micros, op_types, weights, dram_gbps))
     report.write_csv(profile, args.out / "op_profile.csv")
     report.write_csv(dense, args.out / "dense_bandwidth.csv")
     plot(profile, args.out / "op_profile.png")
-    print(f"DRAM streaming read: {stream_gbps:.1f} GB/s")
+    print(f"DRAM read: {dram_gbps:.1f} GB/s")
     print(f"{'runtime':>12s} {'T':>4s} {'dense ms':>9s} {'weight MB':>9s} {'GB/s':>6s} {'of read':>7s}")
     for r in dense:
         print(f"{r['runtime']:>12s} {r['T']:4d} {r['dense_ms']:9.2f} {r['weight_mb']:9.1f} {r['gbps']:6.1f} "
-              f"{r['fraction_of_stream_read']:7.2f}")
+              f"{r['fraction_of_dram_read']:7.2f}")
     for t in args.T:
         for runtime in [*traced, "onnxruntime"]:
             rows = [r for r in profile if r["T"] == t and r["runtime"] == runtime]
