@@ -50,8 +50,7 @@ class DecoderConfig:
         return self.d_model // self.heads
 
 
-TRANSFORMER_BASE = DecoderConfig("transformer_base", layers=6, d_model=512, heads=8, ffn=2048, vocabulary=8000,
-                                 end_bias=-1e4)
+TRANSFORMER_BASE = DecoderConfig("transformer_base", layers=6, d_model=512, heads=8, ffn=2048, vocabulary=8000)
 SMALL = DecoderConfig("small", layers=2, d_model=32, heads=4, ffn=64, vocabulary=50, beam=4)
 
 
