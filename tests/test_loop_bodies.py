@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 import tf_dietcode
+from bench import decoders
 from tf_dietcode import op_library
 
 from conftest import shared_database
@@ -29,16 +30,7 @@ class ScoringTranslator(Translator):
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="tokens"),
                                   tf.TensorSpec([], tf.int32, name="max_len")])
     def translate(self, tokens, max_len):
-        memory = self._encode(tokens)
-        ids = tf.TensorArray(tf.int32, size=0, dynamic_size=True).write(0, tf.fill([tf.shape(tokens)[0]], START))
-        logits = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[None, VOCAB])
-        for i in tf.range(max_len):
-            step = self._decode(tf.transpose(ids.stack()), memory)[:, -1, :]
-            predicted = tf.argmax(step, axis=-1, output_type=tf.int32)
-            ids, logits = ids.write(i + 1, predicted), logits.write(i, step)
-            if tf.reduce_all(predicted == END):
-                break
-        return {"ids": tf.transpose(ids.stack()), "logits": tf.transpose(logits.stack(), [1, 0, 2])}
+        return decoders.greedy_decoding(self._decode, self._encode(tokens), max_len, VOCAB, START, END)
 
 
 def _inputs(rng, shapes_and_lengths):

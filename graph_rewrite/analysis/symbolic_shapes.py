@@ -188,7 +188,7 @@ class SymbolicShapes:
         gather by them reads the first `limit` rows of a table: Keras' `take` wraps negative
         indices (`where(i < 0, i + n, i)`), a branch never taken for a range from 0."""
         bounds = [self._index_bounds.get(t) for t in inputs]
-        if node.op == "Range" and all(v is not None and len(v) == 1 for v in values):
+        if node.op == "Range" and all(v is not None and len(v) == 1 and v[0] is not None for v in values):
             (start,), (limit,), (delta,) = values
             if delta == 1 and start.is_Integer and start >= 0:
                 self._index_bounds[output] = (start, limit - 1)
