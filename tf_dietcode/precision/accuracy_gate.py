@@ -26,6 +26,7 @@ import dataclasses
 from collections.abc import Callable
 
 import numpy as np
+
 from tf_dietcode import output_check
 from tf_dietcode.output_check import OutputCheck
 
@@ -132,4 +133,4 @@ def rank(layers: list, evaluate: Callable[[list], OutputCheck]) -> list[tuple[ob
     for layer in layers:
         worst = evaluate([other for other in layers if other != layer]).largest
         errors.append((layer, worst.error if worst else 0.0))
-    return sorted(errors, key=lambda pair: -pair[1] if not np.isnan(pair[1]) else -np.inf)
+    return sorted(errors, key=lambda pair: np.inf if np.isnan(pair[1]) else pair[1], reverse=True)
