@@ -11,10 +11,10 @@ element: for unit-norm embeddings it is sqrt(2 (1 - cos)) of the worst row
 (0.1 is a cosine similarity of 0.995, 0.141 of 0.99), and against the largest
 row, not each row's own norm, so that a row near zero (a padded position) does
 not dominate. Its largest over the inputs is reported, and a float output
-beyond BOUND fails the check. NaN and infinities must be where the original has them. Outputs of other
-dtypes (ids, an argmax) are compared exactly and reported, the share of their
-elements that differ as their error, but never fail the check: one computed from
-floats may flip where two values nearly tie.
+beyond BOUND fails the check. NaN and infinities must be where the original
+has them. Outputs of other dtypes (ids, an argmax) are compared exactly and
+reported, the share of their elements that differ as their error, but never
+fail the check: one computed from floats may flip where two values nearly tie.
 
 BOUND: each fused op agrees with TF's within float32 rounding of its sums (2e-5
 of their absolute terms, docs/user-guide.md#precision); the tests hold one- and
@@ -25,8 +25,8 @@ norm so that it does not depend on the output's scale. A 12-layer encoder
 (bench's, hidden 256, every layer fused) read 1.7e-6 at this check's inputs
 and at most 1.3e-6 on random token ids, the demo encoder (2 layers) 5.2e-7 and
 5.9e-7 (2-vCPU AMD EPYC), while a broken rewrite (a wrong weight layout, a
-dropped bias or activation, a wrong kernel) is off by far
-more: a dense weight 1% off reads 1e-2.
+dropped bias or activation, a wrong kernel) is off by far more: a dense weight
+1% off reads 1e-2.
 
 BOUND is float32's: a model optimized in a reduced precision is held to that
 precision's bound instead (its `max_error`, tf_dietcode.precision), which the

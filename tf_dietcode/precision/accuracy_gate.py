@@ -11,7 +11,7 @@ k that failed and the first that held, down to a few candidates, of which the
 smallest that holds wins. Each round rewrites the model and runs it on the same
 inputs (the original's outputs are read once). The k chosen is one whose model
 was run and held: an error that does not fall steadily as layers go back can
-cost a layer or two, never the bound. If the bound does not hold with every
+cost layers (a noisy failure at a power of two), never the bound. If the bound does not hold with every
 layer in float32, BoundUnreachable says so.
 
 A layer's sensitivity is measured, not predicted: the model's output error with
