@@ -8,9 +8,10 @@ import pytest
 import tensorflow as tf
 
 from tf_dietcode import keras as diet_keras
+from tf_dietcode import output_check
 
 LOW_OPS = {"bfloat16": "DietcodeFusedMatMulBf16", "int8": "DietcodeFusedMatMulInt8"}
-CLOSE = {"bfloat16": 1e-2, "int8": 5e-2}  # relative to the output's largest |value|
+CLOSE = {"bfloat16": 1e-2, "int8": 5e-2}  # output_check.row_error
 
 
 def _model(precision: str) -> keras.Model:
@@ -39,7 +40,7 @@ def test_trains_in_float32_then_serves_the_converted_weights(precision, rng, tmp
     assert report.converted == {layer.path: precision for layer in model.layers[1:]} and not report.tuned
     assert f"{precision}, weights converted" in report.summary() and "(not tuned)" in report.summary()
     served = model(x).numpy()
-    assert np.abs(served - float32).max() <= CLOSE[precision] * np.abs(float32).max()
+    assert output_check.row_error(float32, served) <= CLOSE[precision]
     assert not np.array_equal(served, float32)
     assert LOW_OPS[precision] in _ops(lambda t: model(t, training=False), x)
     assert "DietcodeFusedMatMul" in _ops(lambda t: model(t, training=True), x)  # training: the float32 kernel

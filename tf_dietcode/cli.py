@@ -203,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                           help="what dense layers compute in: float32 (tuned kernels, the default), bfloat16 or "
                                "int8 (weights converted once, kernels the op chooses)")
     optimize.add_argument("--max_error", type=float,
-                          help="bound on each output's error relative to its largest value (default: the "
-                               "precision's); in bfloat16 or int8, layers go back to float32 until it holds")
+                          help="bound on each output's largest row error relative to its largest row norm "
+                               "(default: the precision's); in bfloat16 or int8, layers go back to float32 until "
+                               "it holds")
     optimize.add_argument("--no_validate", dest="validate", action="store_false",
                           help="write the model without running it against the original first (no bound is "
                                "enforced)")

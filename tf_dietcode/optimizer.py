@@ -94,7 +94,7 @@ class Report:
         lines += self._precision_summary()
         if self.output_check:
             lines.append(f"output check on {self.output_check.inputs} inputs, largest error per output "
-                         f"(bound {self.output_check.bound:g} of its largest value):")
+                         f"(bound {self.output_check.bound:g} of its largest row norm):")
             lines += [f"  {e.signature}.{e.output}: " + (f"{e.error:.2g}" if e.checked else
                                                           f"{e.error:.1%} of its elements differ (not float)")
                       for e in self.output_check.errors]
@@ -181,8 +181,8 @@ class Converter:
         self.tuning, self.database, self.validate = search.budget(tuning), database, validate
         self.precision = modes.get(precision)
         if max_error is not None and not (isinstance(max_error, numbers.Real) and max_error > 0):
-            raise ValueError(f"max_error must be a positive number (an output's error relative to its largest "
-                             f"value), got {max_error!r}")
+            raise ValueError(f"max_error must be a positive number (an output's largest row error relative "
+                             f"to its largest row norm), got {max_error!r}")
         self.max_error = self.precision.max_error if max_error is None else float(max_error)
         self._gate_kept: dict[tuple, str] = {}  # (computation, core) -> why the accuracy gate kept it in float32
         self.input_dir = pathlib.Path(input_saved_model_dir)
@@ -436,49 +436,35 @@ class Converter:
 
     def _gate(self, signatures: dict) -> None:
         """The accuracy gate (precision.accuracy_gate): converted dense layers back in float32, most
-        sensitive first, until the outputs meet max_error on the output check's inputs; those layers
-        are then tuned. Raises BoundUnreachable where not even all of them in float32 meet it."""
-        started = time.perf_counter()
-        self._gate_kept = {}
+        sensitive first (ranked where the model misses max_error with all of them converted), until
+        the outputs meet max_error on the output check's inputs; those layers are then tuned. Raises
+        BoundUnreachable where not even all of them in float32 meet it."""
+        started, self._gate_kept = time.perf_counter(), {}
         reference = output_check.reference(self.loaded, signatures, self._examples, self._computations)
-        ranked = self._ranked(reference)
+        layers = [(self._computations[g.key], match.core) for g in self.graphs if reference.keys[g.key] == g.key
+                  for _, match in self._reduced(g.key)]  # once per computation, under its first key
+        ranked: list[tuple[tuple, float]] = []
 
-        def evaluate(in_float32: int) -> OutputCheck:
-            self._gate_kept = {(computation, core): "put back in float32 by the accuracy gate"
-                               for computation, core, _ in ranked[:in_float32]}
+        def run(kept: list[tuple]) -> OutputCheck:
+            self._gate_kept = {layer: "put back in float32 by the accuracy gate" for layer in kept}
             self._module()
             return output_check.compare(reference, self._run_rewritten, self.max_error)
 
-        in_float32, rounds = accuracy_gate.settle(len(ranked), evaluate)
-        gate = GateResult(self.precision.name, self.max_error, [(core, error) for _, core, error in ranked], rounds,
-                          in_float32)
-        self._gate_kept = {(computation, core): gate.why_float32(rank)
-                           for rank, (computation, core, _) in enumerate(ranked[:in_float32])}
+        def evaluate(in_float32: int) -> OutputCheck:
+            if in_float32 and not ranked:
+                ranked.extend(accuracy_gate.rank(layers, run))
+            return run([layer for layer, _ in ranked[:in_float32]])
+
+        in_float32, rounds = accuracy_gate.settle(len(layers), evaluate)
+        gate = GateResult(self.precision.name, self.max_error, len(layers),
+                          [(core, error) for (_, core), error in ranked], rounds, in_float32)
+        self._gate_kept = {layer: gate.why_float32(rank) for rank, (layer, _) in enumerate(ranked[:in_float32])}
         if in_float32:
             self._size_and_tune()
         gate.seconds = self.report.timings["accuracy_gate"] = time.perf_counter() - started
         self.report.accuracy_gate = gate
-        _log.info("accuracy gate: %d of %d dense layers kept in float32, %d rounds, %.1f s", in_float32, len(ranked),
+        _log.info("accuracy gate: %d of %d dense layers kept in float32, %d rounds, %.1f s", in_float32, len(layers),
                   len(rounds), gate.seconds)
-
-    def _ranked(self, reference: output_check.Reference) -> list[tuple]:
-        """(computation, core, own error) of each converted dense layer, once per computation, most
-        sensitive first: its own output error in the precision on its inputs as the original model
-        computes them on the check's inputs (accuracy_gate.own_error)."""
-        layers = []
-        for graph in self.graphs:
-            converted = [match for _, match in self._reduced(graph.key)]
-            if reference.keys[graph.key] != graph.key or not converted:  # ranked under the computation's first key
-                continue
-            tensors = {f"x_{i}": match.x for i, match in enumerate(converted)}
-            inputs = signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, tensors,
-                                                    graph.captures, graph.graph_def).function()
-            recorded = [inputs(*[run.feed[name] for name in graph.input_specs])
-                        for run in reference.runs if run.key == graph.key]
-            layers += [(self._computations[graph.key], match.core,
-                        accuracy_gate.own_error(self.precision, match.weight, [r[f"x_{i}"].numpy() for r in recorded]))
-                       for i, match in enumerate(converted)]
-        return sorted(layers, key=lambda layer: -layer[2])
 
     def _run_rewritten(self, key: str, feed: dict[str, tf.Tensor]) -> dict:
         """The rewritten signature (as _module last made it) on inputs by name."""
@@ -693,8 +679,9 @@ def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: 
     precision: "float32" (the default: DietCode-tuned kernels), "bfloat16" or "int8": dense
     layers run that precision's op (kernels it chooses, not tuned) over weights converted here
     and stored as the output's variables; attention products, layer norms and softmax stay
-    float32. max_error: the bound on each output's error relative to its largest value (default:
-    the precision's, precision.modes); in a reduced precision the accuracy gate keeps the layers
+    float32. max_error: the bound on each output's largest row error (rows along the last
+    axis) relative to its largest row norm, output_check.row_error: for unit-norm embeddings
+    sqrt(2 (1 - cos)), 0.1 a cosine of 0.995 (default: the precision's, precision.modes); in a reduced precision the accuracy gate keeps the layers
     the outputs are most sensitive to in float32 until it holds, and raises
     accuracy_gate.BoundUnreachable (an OutputMismatch) where not even float32 meets it.
 

@@ -17,7 +17,7 @@ from tf_dietcode.precision.contract import Precision
 
 class Bfloat16(Precision):
     name = "bfloat16"
-    max_error = 2e-2
+    max_error = 2e-2  # a cosine of 0.9998 for unit-norm rows: docs/decisions.md, "Precision"
     tuned = False
 
     def convert(self, weight: np.ndarray, layout: dict | None) -> dict[str, np.ndarray]:

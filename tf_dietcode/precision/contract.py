@@ -31,7 +31,7 @@ class LayerPrecision:
 
 class Precision(abc.ABC):
     name: str          # as optimize(precision=...) takes it
-    max_error: float   # the accuracy gate's default bound: output error relative to the output's largest |value|
+    max_error: float   # the accuracy gate's default bound on output_check.row_error
     tuned: bool        # its dense ops run the kernels tuned into the bundle (else the op picks its own)
 
     @abc.abstractmethod
