@@ -42,6 +42,11 @@ class Round:
     def text(self) -> str:
         return f"{self.in_float32} in float32: error {self.error:.2g} ({self.output})"
 
+    @classmethod
+    def of(cls, in_float32: int, check: OutputCheck) -> "Round":
+        worst = check.largest
+        return cls(in_float32, worst.error if worst else 0.0, f"{worst.signature}.{worst.output}" if worst else "")
+
 
 @dataclasses.dataclass
 class GateResult:
@@ -103,8 +108,7 @@ def settle(layers: int, evaluate: Callable[[int], OutputCheck]) -> tuple[int, li
 
     def holds(k: int) -> bool:
         check = evaluate(k)
-        worst = check.largest
-        rounds.append(Round(k, worst.error if worst else 0.0, f"{worst.signature}.{worst.output}" if worst else ""))
+        rounds.append(Round.of(k, check))
         checks.append(check)
         return not check.beyond_bound
 
