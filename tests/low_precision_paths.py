@@ -1,11 +1,20 @@
-"""The kernel paths of the int8 and bfloat16 ops, each forced with TF_DIETCODE_DISABLE_ISA, for their tests."""
+"""What the int8 and bfloat16 ops' tests share: their shape sets, and the kernel paths, each forced with
+TF_DIETCODE_DISABLE_ISA."""
 
 import contextlib
+import itertools
 import os
 
 import pytest
 
-from tf_dietcode import ops
+from tf_dietcode import ops, reference
+
+MS = [0, 1, 2, 3, 5, 8, 9, 16, 17, 31, 64, 129]
+KS = [1, 3, 4, 5, 63, 64, 127, 768]
+NS = [1, 15, 16, 17, 33, 768]
+# Every M with every K, N cycling through its set: each size meets every other's edges.
+SHAPES = [(m, k, NS[i % len(NS)]) for i, (m, k) in enumerate(itertools.product(MS, KS))]
+ACTIVATIONS = sorted(reference.ACTIVATIONS)
 
 # Each path and the extensions to disable so that a CPU with every extension runs it.
 PATHS = {
@@ -36,3 +45,13 @@ def forced_path(precision, path):
         if running != path:
             pytest.skip(f"this CPU cannot run the {path} {precision} kernel (it runs {running})")
         yield
+
+
+def kernel_path_fixture(precision: str):
+    """A fixture running each test once per kernel path of the `precision` op (skipped where this CPU
+    cannot run it), its value the path's name."""
+    @pytest.fixture(params=sorted(PATHS[precision]))
+    def path(request):
+        with forced_path(precision, request.param):
+            yield request.param
+    return path

@@ -1,28 +1,16 @@
 """DietcodeFusedMatMulBf16 against float64 products of the bfloat16-rounded operands, on every kernel
 path this CPU runs."""
 
-import itertools
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from low_precision_paths import PATHS, forced_path
+from low_precision_paths import ACTIVATIONS, SHAPES, kernel_path_fixture
 from tf_dietcode import ops, reference
 from tf_dietcode.precision import bf16_weights, packing
 
 InvalidArgument = tf.errors.InvalidArgumentError
-MS = [0, 1, 2, 3, 5, 8, 9, 16, 17, 31, 64, 129]
-KS = [1, 3, 4, 5, 63, 64, 127, 768]
-NS = [1, 15, 16, 17, 33, 768]
-SHAPES = [(m, k, NS[i % len(NS)]) for i, (m, k) in enumerate(itertools.product(MS, KS))]
-ACTIVATIONS = sorted(reference.ACTIVATIONS)
-
-
-@pytest.fixture(params=sorted(PATHS["bfloat16"]))
-def path(request):
-    with forced_path("bfloat16", request.param):
-        yield request.param
+path = kernel_path_fixture("bfloat16")
 
 
 def rounded(x):

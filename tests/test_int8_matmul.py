@@ -1,28 +1,15 @@
 """DietcodeFusedMatMulInt8 against the exact integer reference, on every kernel path this CPU runs."""
 
-import itertools
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from low_precision_paths import PATHS, forced_path
+from low_precision_paths import ACTIVATIONS, PATHS, SHAPES, kernel_path_fixture
 from tf_dietcode import ops, reference
 from tf_dietcode.precision import int8_weights, packing
 
 InvalidArgument = tf.errors.InvalidArgumentError
-MS = [0, 1, 2, 3, 5, 8, 9, 16, 17, 31, 64, 129]
-KS = [1, 3, 4, 5, 63, 64, 127, 768]
-NS = [1, 15, 16, 17, 33, 768]
-# Every M with every K, N cycling through its set: each size meets every other's edges.
-SHAPES = [(m, k, NS[i % len(NS)]) for i, (m, k) in enumerate(itertools.product(MS, KS))]
-ACTIVATIONS = sorted(reference.ACTIVATIONS)
-
-
-@pytest.fixture(params=sorted(PATHS["int8"]))
-def path(request):
-    with forced_path("int8", request.param):
-        yield request.param
+path = kernel_path_fixture("int8")
 
 
 def operands(rng, m, k, n):
