@@ -335,7 +335,7 @@ def _function_def(body: Body, graph_def, outputs: list[str], extra: list[str], p
         results += inputs[len(body.arguments):]
         out_names += [f"{key}_out" for key in extra]
     controls = list(original.control_ret.values()) + control_outputs
-    kept = _needed(graph_def, [t.name for t in results], controls)
+    kept = needed_nodes(graph_def, [t.name for t in results], controls)
     function = graph_to_function_def.graph_to_function_def(
         graph, [op for op in graph.get_operations() if op.name in kept], inputs, results, out_names)
     function.signature.name = name
@@ -354,7 +354,7 @@ def _function_def(body: Body, graph_def, outputs: list[str], extra: list[str], p
     return function
 
 
-def _needed(graph_def, outputs: list[str], controls: list[str]) -> set[str]:
+def needed_nodes(graph_def, outputs: list[str], controls: list[str]) -> set[str]:
     """Nodes the outputs and control outputs need, and every stateful node (which runs regardless)."""
     nodes = {n.name: n for n in graph_def.node}
     pending = [node_name(t) for t in outputs] + list(controls)

@@ -80,7 +80,11 @@ def test_every_product_in_the_decoding_loop_is_fused_and_tuned(optimized_decoder
     assert report.coverage.share == 1.0, report.coverage
     (ops,) = _loop_bodies(directory).values()
     assert not ops & PRODUCTS and ops & ATTENTION_OPS and "DietcodeFusedMatMul" in ops, ops
-    if name != "greedy":  # the cross-attention's scores + the source's padding bias, its context transposed
+    if name == "greedy":  # only the last position's logits are kept: the layers after the last attention
+        # (its output projection, the feed-forward block, the logits) compute that row only
+        assert any(f"in {where}" in note and "compute only the rows" in note
+                   for note in report.notes for where in {layer["where"] for layer in in_body}), report.notes
+    else:  # the cross-attention's scores + the source's padding bias, its context transposed
         assert ATTENTION_OPS <= ops, ops
         # one new query per sentence x beam x head against t cached positions, t = 1..12 (max_len 12)
         heads = CONFIG.beam * CONFIG.heads

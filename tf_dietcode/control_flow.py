@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tf_dietcode.coverage import PRODUCTS, Coverage
 from tf_dietcode.graph_rewrite import bodies as body_graphs
-from tf_dietcode.graph_rewrite import fusions, splice
+from tf_dietcode.graph_rewrite import fusions, slice_sinking, splice
 from tf_dietcode.graph_rewrite.analysis import signature_graph
 from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, node_name
 from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
@@ -277,10 +277,10 @@ class _BodyBinding:
 
 
 def rewrite(graph_def: tf.compat.v1.GraphDef, found: SignatureBodies, outer, kernels: dict[tuple[str, str], dict],
-            ) -> list[tuple[str, object, object, str, list[str]]]:
+            ) -> tuple[list[tuple[str, object, object, str, list[str]]], list[str]]:
     """Every body's matches spliced in (graph_def's library gains the rewritten functions, its
-    control-flow nodes point at them); returns (where, kind, match, its node, its Dietcode ops)
-    per match."""
+    control-flow nodes point at them), row slices moved ahead of them (graph_rewrite.slice_sinking);
+    returns (where, kind, match, its node, its Dietcode ops) per match, and notes on the slices moved."""
     spliced = []
 
     def edit(body: Body, body_def: tf.compat.v1.GraphDef, get: Get) -> Edited | None:
@@ -293,10 +293,15 @@ def rewrite(graph_def: tf.compat.v1.GraphDef, found: SignatureBodies, outer, ker
                                                lambda match: dataclasses.replace(binding, bundle=binding.bundle_for(match)))
         spliced.extend((body.where, fusion, match, match.core if isinstance(fusion, TunedFusion) else node_name(outputs[0]),
                         ops) for fusion, match, outputs, ops in done)
-        return Edited(replaced={t: splice.resolve(replaced, t) for t in body.outputs})
+        outputs = {t: splice.resolve(replaced, t) for t in body.outputs}
+        moved = slice_sinking.sink(body_def, body.index.captured_values, set(outputs.values()))
+        if moved:
+            row_notes.append(slice_sinking.note(f"{found.key} in {body.where}", moved))
+        return Edited(replaced=outputs)
 
+    row_notes: list[str] = []
     body_graphs.rewrite(graph_def, found.bodies, edit, "dietcode")
-    return spliced
+    return spliced, row_notes
 
 
 def count_bodies(coverage: Coverage, graph: signature_graph.SignatureGraph, found: SignatureBodies,
