@@ -124,7 +124,7 @@ def _body(fdef, node, kind: CallKind, parent: GraphIndex, library, path: tuple[C
     outputs = [tensor_name(flat[fdef.ret[name]]) for name in output_names]
     captured = {}
     for i, (name, outer) in enumerate(zip(names, arguments)):
-        passed_through = not kind.loop or path[-1].attr != "body" or _source(graph_def, outputs[i]) == name
+        passed_through = not kind.loop or path[-1].attr != "body" or source_node(graph_def, outputs[i]) == name
         value = parent.variable_value(outer) if fdef.signature.input_arg[i].type == tf.resource.as_datatype_enum \
             else None
         if value is not None and passed_through:
@@ -141,7 +141,7 @@ def _static_shape(index: GraphIndex, tensor: str) -> tf.TensorShape | None:
         return None
 
 
-def _source(graph_def, tensor: str) -> str:
+def source_node(graph_def, tensor: str) -> str:
     """The node a tensor comes from, through Identity nodes."""
     nodes = {n.name: n for n in graph_def.node}
     node = nodes[node_name(tensor)]
@@ -181,6 +181,7 @@ class Threaded:
     dtype: tf.DType
     outer: Callable[[], str]             # the tensor in the signature's graph (called once per key)
     read_only: bool = True               # a resource the functions only read
+    shape: tuple[int | None, ...] | None = ()  # its static shape (None: unknown rank); handles are scalars
 
 
 # A body's way to read a Threaded value: the placeholder standing for it in the body.
@@ -304,7 +305,7 @@ def _placeholder(graph_def, value: Threaded) -> None:
     if not any(n.name == value.key for n in graph_def.node):
         node = graph_def.node.add(name=value.key, op="Placeholder")
         node.attr["dtype"].type = value.dtype.as_datatype_enum
-        node.attr["shape"].shape.CopyFrom(tf.TensorShape([]).as_proto())
+        node.attr["shape"].shape.CopyFrom(tf.TensorShape(value.shape).as_proto())
 
 
 def _add_arguments(node, kind: CallKind, threaded: list[Threaded], get: Get) -> None:
@@ -314,7 +315,7 @@ def _add_arguments(node, kind: CallKind, threaded: list[Threaded], get: Get) -> 
     node.input[:] = data + [get(value) for value in threaded] + controls
     node.attr[kind.types].list.type.extend(v.dtype.as_datatype_enum for v in threaded)
     if kind.loop:
-        node.attr["output_shapes"].list.shape.extend(tf.TensorShape([]).as_proto() for _ in threaded)
+        node.attr["output_shapes"].list.shape.extend(tf.TensorShape(v.shape).as_proto() for v in threaded)
     if "_read_only_resource_inputs" in node.attr:  # resources the functions only read (packed weights)
         node.attr["_read_only_resource_inputs"].list.i.extend(
             len(data) + i for i, v in enumerate(threaded) if v.dtype == tf.resource and v.read_only)

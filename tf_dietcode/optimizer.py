@@ -28,7 +28,7 @@ import tensorflow as tf
 from tf_dietcode import bundle_store, control_flow, endpoints, output_check, serving_warmup
 from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.coverage import Coverage
-from tf_dietcode.graph_rewrite import fusions, slice_sinking, splice
+from tf_dietcode.graph_rewrite import fusions, loop_invariants, slice_sinking, splice
 from tf_dietcode.graph_rewrite.analysis import shape_ranges, signature_graph
 from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, node_name
 from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
@@ -159,6 +159,12 @@ def _computation(graph: signature_graph.SignatureGraph) -> tuple:
             tuple((name, id(t)) for name, t in sorted(graph.captures.items())))
 
 
+def _captured_values(graph: signature_graph.SignatureGraph, resources: dict) -> dict[str, np.ndarray]:
+    """Placeholder -> the value of the variable it captures."""
+    return {name: resources[id(t)].numpy() for name, t in graph.captures.items()
+            if isinstance(resources.get(id(t)), tf.Variable)}
+
+
 def _left_running_note(call: signature_graph.CallLeftRunning) -> str:
     """Where a call keeps products no fused op replaces, and which ops in which functions."""
     held = "; ".join(f"{function}: " + ", ".join(f"{count} {op}" for op, count in ops.items())
@@ -206,16 +212,17 @@ class Converter:
         if missing:
             raise ValueError(f"unknown signature(s) {missing}; the model has {sorted(self.loaded.signatures)}")
         resources = signature_graph.resources_of(self.loaded)
-        self.graphs = [signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys]
+        hoisted = [loop_invariants.hoist(graph, _captured_values(graph, resources)) for graph in
+                   (signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys)]
+        self.graphs = [graph for graph, _ in hoisted]
         self._computations = {graph.key: _computation(graph) for graph in self.graphs}
         self.found: dict[str, dict[str, Found]] = {}  # signature -> fusion kind -> what it found there
         self.ranges, self._indexes, self._range_notes, self._bodies = {}, {}, [], {}
-        notes, left, found, labels = [], [], collections.Counter(), {}
+        notes = [f"{graph.key} in {note}" for graph, loop_notes in hoisted for note in loop_notes]
+        left, found, labels = [], collections.Counter(), {}
         in_bodies = set().union(*(fusion.ops_in_bodies for fusion in fusions.FUSIONS))
         for graph in self.graphs:
-            captured = {name: resources[id(t)].numpy() for name, t in graph.captures.items()
-                        if isinstance(resources.get(id(t)), tf.Variable)}
-            index = self._indexes[graph.key] = GraphIndex(graph.graph_def, captured)
+            index = self._indexes[graph.key] = GraphIndex(graph.graph_def, _captured_values(graph, resources))
             provisional, _ = shape_ranges.resolve(graph.input_specs, self.shape_ranges)
             shapes = SymbolicShapes(index, graph.input_tensors, provisional)
             self.found[graph.key] = {fusion.name: fusion.find(index, shapes, self.switches)
