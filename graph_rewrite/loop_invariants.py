@@ -32,7 +32,8 @@ def hoist(graph: SignatureGraph, captured_values: dict[str, np.ndarray]) -> tupl
     captured_values: placeholder -> the value of the variable it captures (for static shapes)."""
     graph_def = tf.compat.v1.GraphDef()
     graph_def.CopyFrom(graph.graph_def)
-    top = [body for body in body_graphs.find(graph_def, GraphIndex(graph_def, captured_values)) if len(body.path) == 1]
+    top = [body for body in body_graphs.find(graph_def, GraphIndex(graph_def, captured_values))
+           if len(body.path) == 1]
     loops = {n.name: n for n in graph_def.node}
     notes = []
 

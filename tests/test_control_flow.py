@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import tf_dietcode
 from tf_dietcode import cli
+from tf_dietcode.graph_rewrite import loop_invariants
 from tf_dietcode.graph_rewrite.analysis import signature_graph
 from tf_dietcode.tuning import search
 
@@ -87,10 +88,13 @@ def test_a_tutorial_style_translator_has_its_encoder_and_its_decoding_loop_fused
     report = tf_dietcode.optimize(path, tmp_path / "out", shape_ranges=TOKEN_RANGES, tuning=TINY_TUNING,
                                   database=shared_database())
     # the encoder (outside the loop): 4 projections, 2 attention products, the layer norm, the softmax, the FFN;
-    # the decoder (in the loop's body): 10 dense layers, 4 attention products, 2 softmaxes
+    # the decoder (in the loop's body): 10 dense layers, 4 attention products, 2 softmaxes, of which the
+    # cross-attention's key and value projections of the encoder's output (the same each step) run before the loop
     assert report.fused == report.found and sum(report.fused.values()) == 10 + 16, report.summary()
     in_body = [layer for layer in report.layers if layer["where"]]
-    assert len(in_body) == 16 and all(layer["where"].startswith("while body ") for layer in in_body)
+    assert len(in_body) == 14 and all(layer["where"].startswith("while body ") for layer in in_body)
+    hoisted = [layer for layer in report.layers if not layer["where"] and "/hoisted/" in layer["node"]]
+    assert len(hoisted) == 2 and all(layer["workload"] for layer in hoisted), hoisted
     assert not [note for note in report.notes if "left to TF" in note], report.notes
     # max_len is 0 on zero inputs: the loop never ran, so its products run the generic kernel, and the report says so
     (unsized,) = [note for note in report.notes if "did not run when optimize() ran the model" in note]
@@ -207,13 +211,16 @@ def test_finding_the_calls_left_running_leaves_the_graph_as_it_was():
 
 
 def test_convert_leaves_the_graphs_the_rewrite_starts_from_as_inlined(translator):
-    """Every fusion kind and the shape analysis read the translator's graph; none may write
-    into it (an attr a lookup added once made the saved signature fail to run)."""
+    """Every fusion kind and the shape analysis read the translator's graph (as inlined, its loop's
+    invariant products moved out); none may write into it (an attr a lookup added once made the saved
+    signature fail to run)."""
     path, _ = translator
     converter = tf_dietcode.Converter(path, shape_ranges=TOKEN_RANGES).convert()
     assert sum(converter.report.found.values()) == 10 + 16
     fresh = signature_graph.from_signature("serving_default", converter.loaded.signatures["serving_default"])
-    assert converter.graphs[0].graph_def == fresh.graph_def
+    resources = signature_graph.resources_of(converter.loaded)
+    hoisted, _ = loop_invariants.hoist(fresh, signature_graph.captured_values(fresh, resources))
+    assert converter.graphs[0].graph_def == hoisted.graph_def
 
 
 @pytest.mark.parametrize("given", [[20], 20, [(1, 9)]])

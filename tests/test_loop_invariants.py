@@ -9,7 +9,6 @@ import tensorflow as tf
 
 from tf_dietcode.graph_rewrite import loop_invariants
 from tf_dietcode.graph_rewrite.analysis import signature_graph
-from tf_dietcode.optimizer import _captured_values
 
 DEPTH = 8
 SPECS = [tf.TensorSpec([None, DEPTH], tf.float32, name="memory"), tf.TensorSpec([], tf.int32, name="steps")]
@@ -58,7 +57,8 @@ def _hoisted(module, tmp_path):
     tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": module.decode})
     loaded = tf.saved_model.load(str(tmp_path))
     graph = signature_graph.from_signature("serving_default", loaded.signatures["serving_default"])
-    hoisted, notes = loop_invariants.hoist(graph, _captured_values(graph, signature_graph.resources_of(loaded)))
+    resources = signature_graph.resources_of(loaded)
+    hoisted, notes = loop_invariants.hoist(graph, signature_graph.captured_values(graph, resources))
     return graph, hoisted, notes
 
 

@@ -159,12 +159,6 @@ def _computation(graph: signature_graph.SignatureGraph) -> tuple:
             tuple((name, id(t)) for name, t in sorted(graph.captures.items())))
 
 
-def _captured_values(graph: signature_graph.SignatureGraph, resources: dict) -> dict[str, np.ndarray]:
-    """Placeholder -> the value of the variable it captures."""
-    return {name: resources[id(t)].numpy() for name, t in graph.captures.items()
-            if isinstance(resources.get(id(t)), tf.Variable)}
-
-
 def _left_running_note(call: signature_graph.CallLeftRunning) -> str:
     """Where a call keeps products no fused op replaces, and which ops in which functions."""
     held = "; ".join(f"{function}: " + ", ".join(f"{count} {op}" for op, count in ops.items())
@@ -212,7 +206,7 @@ class Converter:
         if missing:
             raise ValueError(f"unknown signature(s) {missing}; the model has {sorted(self.loaded.signatures)}")
         resources = signature_graph.resources_of(self.loaded)
-        hoisted = [loop_invariants.hoist(graph, _captured_values(graph, resources)) for graph in
+        hoisted = [loop_invariants.hoist(graph, signature_graph.captured_values(graph, resources)) for graph in
                    (signature_graph.from_signature(k, self.loaded.signatures[k]) for k in keys)]
         self.graphs = [graph for graph, _ in hoisted]
         self._computations = {graph.key: _computation(graph) for graph in self.graphs}
@@ -222,7 +216,8 @@ class Converter:
         left, found, labels = [], collections.Counter(), {}
         in_bodies = set().union(*(fusion.ops_in_bodies for fusion in fusions.FUSIONS))
         for graph in self.graphs:
-            index = self._indexes[graph.key] = GraphIndex(graph.graph_def, _captured_values(graph, resources))
+            captured = signature_graph.captured_values(graph, resources)
+            index = self._indexes[graph.key] = GraphIndex(graph.graph_def, captured)
             provisional, _ = shape_ranges.resolve(graph.input_specs, self.shape_ranges)
             shapes = SymbolicShapes(index, graph.input_tensors, provisional)
             self.found[graph.key] = {fusion.name: fusion.find(index, shapes, self.switches)

@@ -15,6 +15,7 @@ import collections
 import contextlib
 import dataclasses
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import wrap_function
 from tensorflow.python.framework import convert_to_constants
@@ -176,3 +177,9 @@ def tf1_initializer(root) -> resource.CapturableResource | None:
     TF's loader restores it; saved again, it runs when the optimized model loads."""
     initializer = getattr(root, "initializer", None)
     return initializer if isinstance(initializer, resource.CapturableResource) else None
+
+
+def captured_values(graph: SignatureGraph, resources: dict) -> dict[str, np.ndarray]:
+    """Placeholder -> the value of the variable it captures (resources: resources_of's)."""
+    return {name: resources[id(t)].numpy() for name, t in graph.captures.items()
+            if isinstance(resources.get(id(t)), tf.Variable)}
