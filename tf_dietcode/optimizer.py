@@ -29,7 +29,7 @@ from tf_dietcode import bundle_store, control_flow, endpoints, output_check, ser
 from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.coverage import Coverage
 from tf_dietcode.graph_rewrite import fusions, splice
-from tf_dietcode.graph_rewrite.analysis import shape_ranges, signature_graph
+from tf_dietcode.graph_rewrite.analysis import loop_ranges, shape_ranges, signature_graph
 from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, node_name
 from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
 from tf_dietcode.graph_rewrite.fusions.contract import Found, LeftAlone, Switches, TunedFusion
@@ -336,18 +336,23 @@ class Converter:
         return sized
 
     def _size_bodies(self, graph, cold_weights: bool, corners_seen: dict) -> None:
-        """Workloads of the products in the signature's loops and conds, from the shapes they run
-        with at the corners of the ranges and on input_fn's inputs (control_flow)."""
+        """Workloads of the products in the signature's loops and conds, from what the loops prove
+        of their shapes and from the shapes they run with at the corners of the ranges and on
+        input_fn's inputs (control_flow)."""
         bodies = self._bodies[graph.key]
         if not any(bodies.tuned(key) for key in bodies.found):
             return
-        seen = ("bodies", self._computations[graph.key], repr(self.ranges[graph.key]))
+        ranges = self.ranges[graph.key]
+        seen = ("bodies", self._computations[graph.key], repr(ranges))
         if seen not in corners_seen:
-            runs = shape_ranges.corner_inputs(graph.input_specs, self.ranges[graph.key]) + \
+            runs = shape_ranges.corner_inputs(graph.input_specs, ranges) + \
                 [[tf.constant(example[name], spec.dtype) for name, spec in graph.input_specs.items()]
                  for example in self._examples]
-            corners_seen[seen] = control_flow.observe(graph, bodies, runs)
-        workloads, described, notes = control_flow.sized(bodies, corners_seen[seen], cold_weights)
+            outer = SymbolicShapes(self._indexes[graph.key], graph.input_tensors, ranges)
+            corners_seen[seen] = (control_flow.observe(graph, bodies, runs), loop_ranges.derive(bodies.bodies, outer))
+        unranged = [name for name, spec in graph.input_specs.items()
+                    if spec.shape.rank == 0 and spec.dtype.is_integer and not ranges[name]]
+        workloads, described, notes = control_flow.sized(bodies, *corners_seen[seen], cold_weights, unranged)
         self._workloads.update(workloads)
         for workload, text in described.items():
             self.report.dims.setdefault(workload, text)
@@ -517,7 +522,8 @@ class Converter:
             shapes = shape_ranges.middle(self.ranges[graph.key])
             inputs = [[tf.constant(example[name], spec.dtype) for name, spec in graph.input_specs.items()]
                       for example in self._examples] or \
-                     [[tf.zeros(shapes[name], spec.dtype) for name, spec in graph.input_specs.items()]]
+                     [[shape_ranges.tensor_at(spec, shapes[name], tf.zeros)
+                       for name, spec in graph.input_specs.items()]]
             coverage.add(graph, self._rewritten[computation], inputs)
             control_flow.count_bodies(coverage, graph, self._bodies[graph.key], inputs)
         return coverage
