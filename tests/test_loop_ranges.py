@@ -239,7 +239,7 @@ def test_a_loop_bounded_by_the_data_is_sized_from_the_runs(tmp_path, rng):
     (proved,) = [note for note in report.notes if "sized from what the loop proves" in note]
     assert "the arguments the loop passes unchanged" in proved and "do not follow from the loop" in runs
     # the cache's length follows the rows: 3 steps for 1 row, 2 for 2, 1 for 3
-    assert f"batch matmul NT B=1..3 M=1 N=1..3 K={WIDTH} addend=False" in {l["workload"] for l in in_body}
+    assert any(layer["workload"].startswith(f"batch matmul NT B=1..3 M=1 N=1..3 K={WIDTH}") for layer in in_body)
     _assert_same_outputs(module, tmp_path / "out", rng, [(1, 0), (2, 0), (3, 0), (5, 0)])
 
 
