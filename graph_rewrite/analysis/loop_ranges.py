@@ -239,6 +239,10 @@ def _trip_bound(loop: _Loop, counters: dict[str, tuple[sympy.Expr, int]], by_pat
     (its conjuncts only: each must hold for the body to run)."""
     cond, caller = loop.cond, loop.caller
     names = dict(zip(cond.arguments, loop.body.arguments))  # the condition's argument -> the body's
+    # the condition's values, from the arguments the loop passes unchanged (a bound it reads, or
+    # computes from them: `i < tf.shape(x)[0]`)
+    changing = {c for c, b in names.items() if b not in loop.unchanged}
+    reads = SymbolicShapes(cond.index, {}, {}, _passed(cond, loop.inputs, caller, skip=changing))
     bounds = []
     for node in _conjuncts(cond, cond.outputs[0], by_path):
         strict, swapped = COMPARISONS.get(node.op, (None, None))
@@ -248,7 +252,7 @@ def _trip_bound(loop: _Loop, counters: dict[str, tuple[sympy.Expr, int]], by_pat
         counter = names.get(_through(cond.index, left, PASSING).name)
         if counter not in counters or counters[counter][1] <= 0:
             continue
-        (start, step), limit = counters[counter], loop.known(cond, right)
+        (start, step), limit = counters[counter], (reads.value(right) or (None,))[0]
         limit_range, start_range = caller.range_of(limit), caller.range_of(start)
         if limit_range is None or start_range is None:
             continue

@@ -441,6 +441,15 @@ class SymbolicShapes:
     def _rule_Fill(self, node, shapes, values):
         return values[0], None
 
+    def _rule_ArgMax(self, node, shapes, values):
+        axis = _constant(values[1])
+        if shapes[0] is None or axis is None:
+            return None, None
+        axis = axis[0] % len(shapes[0])
+        return (*shapes[0][:axis], *shapes[0][axis + 1:]), None
+
+    _rule_ArgMin = _rule_ArgMax
+
     def _rule_TopKV2(self, node, shapes, values):
         k = _constant(values[1])
         return (None if shapes[0] is None or k is None else (*shapes[0][:-1], sympy.Integer(k[0]))), None
