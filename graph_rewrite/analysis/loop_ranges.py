@@ -15,10 +15,12 @@ its dim left unknown, until the rest holds):
 The number of iterations is bounded by the loop condition's comparisons of a
 counter with a bound that does not change across iterations (`i < max_len`,
 while_v2's maximum_iterations test, autograph's `for i in tf.range(n)`, also
-behind autograph's `break` test): the bound's range comes from a constant or
-from a scalar input given a range of values (shape_ranges). Without a bound
-only the unchanged arguments and dims are claimed. A cond's branches start from
-the arguments their caller passes. The rest is left to running the model
+behind autograph's `break` test): the bound's range comes from a constant, a
+scalar input given a range of values (shape_ranges), or what the condition
+computes from such (`i < tf.shape(x)[0]`). Without a bound only the unchanged
+arguments and dims are claimed. A cond's branches start from the arguments
+their caller passes; a loop inside a body returns its arguments in the dims
+its body provably keeps. The rest is left to running the model
 (tf_dietcode.control_flow).
 """
 
@@ -103,15 +105,14 @@ class _Loop:
         self.unchanged = {a for a, out in zip(self.body.arguments, self.body.outputs)
                           if _through(self.body.index, out).name == a}
 
-    def known(self, graph: Body, tensor: str) -> sympy.Expr | None:
-        """A scalar of the body's or the condition's graph as the caller computes it: a constant, or
-        an argument the loop passes unchanged (a captured tensor: the loop's bound, a range's step)."""
-        node = _through(graph.index, tensor, PASSING)
-        argument = dict(zip(graph.arguments, self.body.arguments)).get(node.name)
-        if argument is not None:
-            value = self.caller.value(self.outer[argument]) if argument in self.unchanged else None
+    def known(self, tensor: str) -> sympy.Expr | None:
+        """A scalar of the body as the caller computes it: a constant, or an argument the loop
+        passes unchanged (a captured tensor: autograph's range step)."""
+        node = _through(self.body.index, tensor, PASSING)
+        if node.name in self.outer:
+            value = self.caller.value(self.outer[node.name]) if node.name in self.unchanged else None
             return value[0] if value and len(value) == 1 else None
-        value = graph.index.value(tensor)
+        value = self.body.index.value(tensor)
         return sympy.Integer(int(value.item())) if value is not None and value.size == 1 else None
 
     def counters(self) -> dict[str, tuple[sympy.Expr, int]]:
@@ -123,7 +124,7 @@ class _Loop:
                 continue
             operands = [i for i in node.input if not i.startswith("^")]
             for this, other in (operands, operands[::-1]):
-                step = self.known(self.body, other)
+                step = self.known(other)
                 if _through(self.body.index, this).name == a and step is not None and step.is_Integer and step != 0:
                     found[a] = (start[0], int(step))
                     break
