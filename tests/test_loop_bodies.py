@@ -1,7 +1,7 @@
 """Products inside loops' bodies, fused and tuned: the tutorial-style greedy translator (a
 TensorArray loop re-running the decoder on the prefix) sized from its bound, max_len ranging over
-input_fn's values, a loop with shape invariants sized from its bounds (test_loop_ranges.py: without input_fn), a weight whose variable cannot be
-followed out of the loop; the written model's functions hold the fused ops and no copies of the
+input_fn's values, a loop with shape invariants sized from its bounds (more loops without input_fn:
+test_loop_ranges.py), a weight whose variable cannot be followed out of the loop; the written model's functions hold the fused ops and no copies of the
 weights, and it serves in a fresh process that loads only the op library."""
 
 import os

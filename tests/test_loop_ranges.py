@@ -108,8 +108,8 @@ def _product_ranges(derived: loop_ranges.DerivedBody, body: bodies.Body) -> dict
     for node in body.index.nodes.values():
         if node.op in ("MatMul", "BatchMatMulV2"):
             shapes = [derived.shapes.shape(operand) for operand in node.input[:2]]
-            ranges.setdefault(node.op, []).append([None if shape is None else [derived.shapes.range_of(d) for d in shape]
-                                                   for shape in shapes])
+            ranges.setdefault(node.op, []).append(
+                [None if shape is None else [derived.shapes.range_of(d) for d in shape] for shape in shapes])
     return ranges
 
 
@@ -139,7 +139,7 @@ def test_a_cache_grown_by_concat_is_ranged_and_unchanged_dims_keep_their_symbols
     assert shapes.range_of(dims[1]) == (1, MAX_LEN[1]), dims
 
 
-def test_a_loop_nested_in_a_loop_is_bounded_by_the_outer_counter(tmp_path, rng):
+def _nested_model(rng):
     """for i in range(max_len): a cache grown over range(i + 1) steps: t = 1 .. max_len."""
     w = _weight(rng)
 
@@ -154,8 +154,11 @@ def test_a_loop_nested_in_a_loop_is_bounded_by_the_outer_counter(tmp_path, rng):
                 h = tf.tanh(tf.matmul(tf.nn.softmax(tf.matmul(h[:, tf.newaxis, :], cache, transpose_b=True)),
                                       cache)[:, 0, :] + tf.matmul(h, w))
         return {"out": h}
+    return serve
 
-    derived, found = _derived(tmp_path, serve, {"x": [ROWS, WIDTH], "max_len": MAX_LEN})
+
+def test_a_loop_nested_in_a_loop_is_bounded_by_the_outer_counter(tmp_path, rng):
+    derived, found = _derived(tmp_path, _nested_model(rng), {"x": [ROWS, WIDTH], "max_len": MAX_LEN})
     (inner,) = [b for b in found if b.call.attr == "body" and len(b.path) == 2]
     assert inner.where in derived and "0..4" in derived[inner.where].how, derived.get(inner.where)
     products = _product_ranges(derived[inner.where], inner)["BatchMatMulV2"]
@@ -227,6 +230,19 @@ def test_loops_are_tuned_from_their_bound_without_input_fn(form, bound, tmp_path
         assert "serving_default.max_len: 1..5" in report.summary()
     # the range's ends, inside it, 0 steps, and beyond it (generic kernels)
     _assert_same_outputs(module, tmp_path / "out", rng, [(1, 1), (3, 5), (2, 3), (1, 0), (3, 8), (5, 2)])
+
+
+def test_a_loop_nested_in_a_loop_is_tuned_from_the_bounds(tmp_path, rng):
+    module = _saved(tmp_path, _nested_model(rng))
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", shape_ranges={"x": [ROWS, WIDTH],
+                                                                                  "max_len": MAX_LEN},
+                                  tuning=TINY_TUNING, database=shared_database())
+    in_body = [layer for layer in report.layers if layer["where"] and layer["kind"] in ("dense", "attention")]
+    assert report.fused == report.found and len(in_body) == 3, report.summary()
+    assert all(", in while body" in layer["where"] for layer in in_body), in_body
+    assert {layer["workload"] for layer in in_body} == _expected("cache", MAX_LEN[1]), report.summary()
+    assert not [note for note in report.notes if "did not run" in note or "seen when optimize() ran" in note]
+    _assert_same_outputs(module, tmp_path / "out", rng, [(1, 1), (3, 5), (2, 3), (1, 0), (3, 7)])
 
 
 def test_a_loop_bounded_by_the_data_is_sized_from_the_runs(tmp_path, rng):

@@ -322,7 +322,8 @@ class Converter:
     def _sized_by_graph(self, graph, tuned: list, cold_weights: bool) -> dict | None:
         """Workloads sized from the graph's symbolic shapes (graph_rewrite.analysis.symbolic_shapes),
         or None where some dim does not follow from them."""
-        shapes = SymbolicShapes(self._indexes[graph.key], graph.input_tensors, self.ranges[graph.key])
+        shapes = SymbolicShapes(self._indexes[graph.key], graph.input_tensors, self.ranges[graph.key],
+                                loop_ranges.signature_loops(self._bodies[graph.key].bodies))
         sized, described = {}, {}
         for fusion, match in tuned:
             result = fusion.sized_by_graph(match, shapes, cold_weights)
@@ -348,7 +349,8 @@ class Converter:
             runs = shape_ranges.corner_inputs(graph.input_specs, ranges) + \
                 [[tf.constant(example[name], spec.dtype) for name, spec in graph.input_specs.items()]
                  for example in self._examples]
-            outer = SymbolicShapes(self._indexes[graph.key], graph.input_tensors, ranges)
+            outer = SymbolicShapes(self._indexes[graph.key], graph.input_tensors, ranges,
+                                   loop_ranges.signature_loops(bodies.bodies))
             corners_seen[seen] = (control_flow.observe(graph, bodies, runs), loop_ranges.derive(bodies.bodies, outer))
         unranged = [name for name, spec in graph.input_specs.items()
                     if spec.shape.rank == 0 and spec.dtype.is_integer and not ranges[name]]

@@ -68,7 +68,8 @@ def derive(bodies: list[Body], outer: SymbolicShapes) -> dict[str, DerivedBody]:
         kind = CALLS[node.op]
         arguments = [i for i in node.input if not i.startswith("^")][kind.first_argument:]
         if not kind.loop:
-            given = dataclasses.replace(_passed(body, arguments, caller), loop_outputs=_loop_outputs(by_path, body))
+            given = dataclasses.replace(_passed(body, arguments, caller),
+                                        loop_outputs=_loop_outputs(by_path, body.path))
             derived[body.path] = DerivedBody(SymbolicShapes(body.index, {}, {}, given),
                                              f"its arguments as {node.name} passes them")
         elif body.call.attr == "body":
@@ -139,7 +140,7 @@ def _loop(body: Body, cond: Body, by_path: dict, arguments: list[str], caller: S
     if bound is not None and bound.trips <= 0:
         return None  # the body never runs
     iteration = sympy.Symbol(f"n{len(body.path)}", integer=True, nonnegative=True) if bound else None
-    given = Given(dict(passed.shapes), dict(passed.values), dict(passed.bounds), _loop_outputs(by_path, body))
+    given = Given(dict(passed.shapes), dict(passed.values), dict(passed.bounds), _loop_outputs(by_path, body.path))
     if iteration is not None:
         given.bounds[iteration] = (0, bound.trips - 1)
         for a, (start, step) in counters.items():
@@ -155,18 +156,25 @@ def _loop(body: Body, cond: Body, by_path: dict, arguments: list[str], caller: S
     return DerivedBody(shapes, how + "".join(f"; {text}" for text in grown))
 
 
-def _loop_outputs(by_path: dict, caller: Body):
-    """Given.loop_outputs for the While nodes in a body: each output shaped as the loop's
-    argument, in the dims the loop's body provably leaves unchanged (an argument it returns as
-    is, a dim it keeps), from the shapes of the loop's inputs."""
+def signature_loops(bodies: list[Body]) -> Given:
+    """What the signature's graph is given for its symbolic shapes: its loops' results, in the
+    dims their bodies provably keep (products reading them are then sized by the graph too)."""
+    return Given({}, {}, {}, _loop_outputs({body.path: body for body in bodies}, ()))
+
+
+def _loop_outputs(by_path: dict, path: tuple[Call, ...]):
+    """Given.loop_outputs for the While nodes in the graph at `path` (a body's, or () for the
+    signature's): each output shaped as the loop's argument, in the dims the loop's body provably
+    leaves unchanged (an argument it returns as is, a dim it keeps), from the shapes of the loop's
+    inputs."""
     def outputs(shapes: SymbolicShapes, node, inputs: list[Shape], values: list) -> list[Shape] | None:
-        body = by_path.get((*caller.path, Call(node.name, "body")))
+        body = by_path.get((*path, Call(node.name, "body")))
         if body is None or len(inputs) != len(body.arguments):
             return None
         unchanged = {a for a, out in zip(body.arguments, body.outputs) if _through(body.index, out).name == a}
         given = Given({f"{a}:0": shape for a, shape in zip(body.arguments, inputs) if a in unchanged},
                       {f"{a}:0": value for a, value in zip(body.arguments, values) if a in unchanged},
-                      _bounds(shapes, [*inputs, *values]), _loop_outputs(by_path, body))
+                      _bounds(shapes, [*inputs, *values]), _loop_outputs(by_path, body.path))
         _, claims = _proved(body, given, {a: shape for a, shape in zip(body.arguments, inputs) if a not in unchanged},
                             None)
         return [shape if a in unchanged else claims[a] for a, shape in zip(body.arguments, inputs)]
