@@ -10,6 +10,7 @@ import sympy
 import tensorflow as tf
 
 import tf_dietcode
+from tf_dietcode import control_flow
 from tf_dietcode.graph_rewrite import bodies
 from tf_dietcode.graph_rewrite.analysis import loop_ranges, shape_ranges, signature_graph
 from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex
@@ -257,6 +258,31 @@ def test_a_loop_bounded_by_the_data_is_sized_from_the_runs(tmp_path, rng):
     # the cache's length follows the rows: 3 steps for 1 row, 2 for 2, 1 for 3
     assert any(layer["workload"].startswith(f"batch matmul NT B=1..3 M=1 N=1..3 K={WIDTH}") for layer in in_body)
     _assert_same_outputs(module, tmp_path / "out", rng, [(1, 0), (2, 0), (3, 0), (5, 0)])
+
+
+def test_runs_beyond_the_derived_range_are_noted_and_tuned_for(tmp_path, rng):
+    """Recorded shapes outside what the loop proves (which would mean a wrong proof) widen the
+    workload to both, with a note: the check control_flow.sized makes of the runs."""
+    _saved(tmp_path, _cache_model("scalar", rng))
+    converter = tf_dietcode.Converter(tmp_path / "in", shape_ranges={"x": [ROWS, WIDTH], "max_len": MAX_LEN}).convert()
+    graph = converter.graphs[0]
+    found = converter._bodies[graph.key]
+    derived = loop_ranges.derive(found.bodies, SymbolicShapes(converter._indexes[graph.key], graph.input_tensors,
+                                                              converter.ranges[graph.key]))
+    recorded = {}  # every dynamic dim seen 10 beyond its derived range
+    for scope_key, body in found.scopes():
+        for fusion, match in found.tuned(scope_key):
+            for name, tensor in fusion.operands(match).items():
+                ranges = [derived[body.where].shapes.range_of(d) for d in derived[body.where].shapes.shape(tensor)]
+                recorded[(body.where, match.core, name)] = ([lo for lo, _ in ranges],
+                                                            [hi + 10 * (lo != hi) for lo, hi in ranges])
+    workloads, _, notes = control_flow.sized(found, control_flow.Observed(recorded, {}, []), derived, False, [])
+    assert sorted(w.describe() for w in workloads.values()) == sorted([
+        f"dense M=1..13 N={WIDTH} K={WIDTH} bias=False none"] * 2 + [
+        f"batch matmul NT B=1..13 M=1 N=1..15 K={WIDTH} addend=False",
+        f"batch matmul NN B=1..13 M=1 N={WIDTH} K=1..15 addend=False"])
+    outside = [note for note in notes if "outside the" in note]
+    assert len(outside) == 4 and all("it is tuned for both" in note for note in outside), notes
 
 
 # ---- ranges of scalar inputs ------------------------------------------------------------------------------
