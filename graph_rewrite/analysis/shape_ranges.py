@@ -25,7 +25,7 @@ import tensorflow as tf
 DEFAULT_BATCH = (1, 16)        # an unknown first dim
 DEFAULT_OTHER = (1, 128)       # any other unknown dim (sequence lengths)
 
-DimRanges = dict[str, list[tuple[int, int]]]
+DimRanges = dict[str, list[tuple[int, int]]]  # per input, (lo, hi) per dim (a ranged scalar's: of its values)
 
 
 def resolve(specs: dict[str, tf.TensorSpec], shape_ranges: dict | None,
@@ -124,7 +124,7 @@ def from_examples(specs: dict[str, tf.TensorSpec], examples) -> DimRanges:
             if len(shape) != rank:
                 raise ValueError(f"input_fn's {name!r} has rank {len(shape)}, expected {rank}")
             # an integer scalar's entry is the range of its values, as shape_ranges gives it (_value_range)
-            point = (int(value),) if rank == 0 and specs[name].dtype.is_integer else shape
+            point = (int(value),) if specs[name].shape.rank == 0 and specs[name].dtype.is_integer else shape
             seen[name] = [(min(lo, d), max(hi, d)) for (lo, hi), d in zip(seen.get(name, [(d, d) for d in point]),
                                                                           point)]
     if not seen:
@@ -149,11 +149,6 @@ def tensor_at(spec: tf.TensorSpec, point: list[int], fill: Callable[[list[int], 
     if spec.shape.rank == 0 and point:
         return tf.constant(point[0], spec.dtype)
     return fill(point, spec.dtype)
-
-
-def is_value_range(spec: tf.TensorSpec, dims: list[tuple[int, int]]) -> bool:
-    """Whether an input's entry in DimRanges is the range of a scalar's values, not of dims."""
-    return spec.shape.rank == 0 and bool(dims)
 
 
 def observed_shapes(function, specs: dict[str, tf.TensorSpec], ranges: DimRanges,

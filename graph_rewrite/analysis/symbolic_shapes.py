@@ -338,7 +338,8 @@ class SymbolicShapes:
         (params, axis), indices = self._gathered(node, shapes[0], values), shapes[1]
         if params is None or indices is None or axis is None:
             return None, None
-        batch_dims = node.attr["batch_dims"].i % (len(indices) + 1)  # leading dims params and indices share
+        batch_dims = node.attr["batch_dims"].i  # leading dims params and indices share (negative: from the end)
+        batch_dims += len(indices) if batch_dims < 0 else 0
         shape = (*params[:axis], *indices[batch_dims:], *params[axis + 1:])
         picks = _constant(values[1])
         value = None if values[0] is None or picks is None or batch_dims else tuple(values[0][i] for i in picks)
