@@ -12,8 +12,11 @@ untrained models decode exactly --max-len tokens per sentence (a trained model s
 translation ends): throughput is output tokens (batch x max-len; the best
 beam's, for beam search) per second of one signature call. Each decoder is
 optimized with tf_dietcode.optimize() for batch 1..max(batches) and source
-length 1..64, its loop's products sized by input_fn's inputs (the corner
-cells, decoding max-len tokens). Peers at every (batch, source length):
+length 1..64 and max_len 1..max-len (a range of values for the scalar): its
+loop's products are sized from the loop's bound where the graph proves their
+dims (the prefix, the cache), the rest from running the model at the corners
+(the END bias makes it decode max_len tokens there too, so no input_fn is
+needed). Peers at every (batch, source length):
 - tensorflow: the original SavedModel's signature (stock TF, oneDNN on);
 - dietcode: the optimized SavedModel;
 - xla: the original signature inside tf.function(jit_compile=True);
@@ -78,12 +81,10 @@ def onnx_call(original: pathlib.Path, path: pathlib.Path):
 
 def optimize(config: decoders.DecoderConfig, original: pathlib.Path, optimized: pathlib.Path, batches: list[int],
              max_len: int, quick: bool, out: pathlib.Path) -> None:
-    """optimize() for batches x source 1..MAX_SOURCE, the loop sized on the corner cells decoding max_len tokens."""
-    examples = [feeds(config, b, s, max_len) for b in (min(batches), max(batches)) for s in (1, MAX_SOURCE)]
+    """optimize() for batches x source 1..MAX_SOURCE x max_len 1..max_len: the loop sized from its bound."""
     started = time.perf_counter()
-    result = tf_dietcode.optimize(original, optimized,
-                                  shape_ranges={"tokens": [(min(batches), max(batches)), (1, MAX_SOURCE)]},
-                                  input_fn=lambda: iter(examples), tuning=cli.search_options(quick),
+    ranges = {"tokens": [(min(batches), max(batches)), (1, MAX_SOURCE)], "max_len": (1, max_len)}
+    result = tf_dietcode.optimize(original, optimized, shape_ranges=ranges, tuning=cli.search_options(quick),
                                   database=Database(out / "tuning.jsonl"), overwrite=True)
     print(result.summary())
     print(f"optimize() took {time.perf_counter() - started:.0f} s")

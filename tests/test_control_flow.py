@@ -96,22 +96,29 @@ def test_a_tutorial_style_translator_has_its_encoder_and_its_decoding_loop_fused
     hoisted = [layer for layer in report.layers if not layer["where"] and "/hoisted/" in layer["node"]]
     assert len(hoisted) == 2 and all(layer["workload"] for layer in hoisted), hoisted
     assert not [note for note in report.notes if "left to TF" in note], report.notes
-    # max_len is 0 on zero inputs: the loop never ran, so its products run the generic kernel, and the report says so
+    # max_len has no range: 0 on zero inputs, the loop never ran and its length is unknown, so the products on
+    # the prefix run the generic kernel, and the report says so; the cross-attention's keys and values (B x S
+    # rows of the encoder's output, before the loop) are sized from the signature's shapes
     (unsized,) = [note for note in report.notes if "did not run when optimize() ran the model" in note]
-    assert "generic kernel" in unsized and "input_fn" in unsized and all(layer["workload"] is None for layer in in_body)
+    assert "generic kernel" in unsized and "input_fn" in unsized and "(here max_len)" in unsized, unsized
+    assert all(layer["workload"] is None for layer in in_body), in_body
+    assert [layer["workload"] for layer in hoisted] == ["dense M=1..512 N=16 K=16 bias=True none"] * 2, hoisted
     assert "serving_default.max_len: scalar" in report.summary()
     _assert_same_translations(tmp_path / "out", module, rng)
 
 
 def test_the_translator_through_the_command_line(translator, tmp_path, capsys, rng):
-    """The command a new user runs on the tutorial's export; a range for the scalar max_len is refused clearly."""
+    """The command a new user runs on the tutorial's export, max_len given a range of values (a bad one is
+    refused clearly): the loop's products are tuned from its bound."""
     path, module = translator
     arguments = ["optimize", "--dir", str(path), "--output_dir", str(tmp_path / "out"),
                  "--shape_range", "tokens=1:8,1:64", "--quick", "--trials", "2", "--db", str(TUNING_DATABASE)]
-    assert cli.main([*arguments, "--shape_range", "max_len=20"]) == 2
-    assert "'max_len' is a scalar" in capsys.readouterr().err and not (tmp_path / "out").exists()
-    assert cli.main(arguments) == 0
-    assert "fused with the generic kernel" in capsys.readouterr().out  # the loop's products, not run on zero inputs
+    assert cli.main([*arguments, "--shape_range", "max_len=9:3"]) == 2
+    assert "needs 0 <= min <= max, got (9, 3)" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    assert cli.main([*arguments, "--shape_range", "max_len=1:12"]) == 0
+    printed = capsys.readouterr().out
+    assert "did not run" not in printed and "sized from what the loop proves" in printed, printed
+    assert "serving_default.max_len: 1..12" in printed and "batch matmul NT B=2..16 M=1..12 N=1..12" in printed
     _assert_same_translations(tmp_path / "out", module, rng)
 
 
@@ -223,10 +230,9 @@ def test_convert_leaves_the_graphs_the_rewrite_starts_from_as_inlined(translator
     assert converter.graphs[0].graph_def == hoisted.graph_def
 
 
-@pytest.mark.parametrize("given", [[20], 20, [(1, 9)]])
-def test_a_range_for_a_scalar_input_is_refused_clearly(translator, given):
+@pytest.mark.parametrize("given, expected", [([20], [(20, 20)]), (20, [(20, 20)]), ([(1, 9)], [(1, 9)]), ([], [])])
+def test_a_scalar_input_takes_a_range_of_values(translator, given, expected):
+    """(bad ones: test_loop_ranges.py)"""
     path, _ = translator
-    with pytest.raises(ValueError, match="'max_len' is a scalar: it has no dims"):
-        tf_dietcode.Converter(path, shape_ranges={**TOKEN_RANGES, "max_len": given}).convert()
-    assert tf_dietcode.Converter(path, shape_ranges={**TOKEN_RANGES, "max_len": []}).convert().ranges[
-        "serving_default"]["max_len"] == []
+    assert tf_dietcode.Converter(path, shape_ranges={**TOKEN_RANGES, "max_len": given}).convert().ranges[
+        "serving_default"]["max_len"] == expected

@@ -1,7 +1,7 @@
 """Products inside loops' bodies, fused and tuned: the tutorial-style greedy translator (a
-TensorArray loop re-running the decoder on the prefix) sized from input_fn's inputs, a loop with
-shape invariants sized at the corners of the shape ranges, a weight whose variable cannot be
-followed out of the loop; the written model's functions hold the fused ops and no copies of the
+TensorArray loop re-running the decoder on the prefix) sized from its bound, max_len ranging over
+input_fn's values, a loop with shape invariants sized from its bounds (more loops without input_fn:
+test_loop_ranges.py), a weight whose variable cannot be followed out of the loop; the written model's functions hold the fused ops and no copies of the
 weights, and it serves in a fresh process that loads only the op library."""
 
 import os
@@ -66,7 +66,8 @@ def test_every_product_in_the_translators_loop_is_fused_and_tuned(optimized_tran
     assert [layer["workload"] for layer in hoisted] == ["dense M=1..512 N=16 K=16 bias=True none"] * 2, hoisted
     assert not [note for note in report.notes if "left to TF" in note or "did not run" in note], report.notes
     assert report.coverage.share == 1.0 and report.coverage.not_counted == [], report.coverage
-    assert f"(seen running in {in_body[0]['where']})" in report.summary()
+    # sized from the loop: its bound max_len ranges over input_fn's values, 1..12
+    assert f"(derived in {in_body[0]['where']}: " in report.summary() and "max_len in 1..12" in report.summary()
 
 
 def _saved_functions(directory):
@@ -136,8 +137,9 @@ def test_the_optimized_translator_serves_in_a_fresh_process(optimized_translator
 
 
 def test_a_loop_with_shape_invariants_is_tuned_from_the_corners(tmp_path, rng):
-    """A loop growing a tensor one row per step (shape invariants [None, 24], at most 12 steps,
-    3 in parallel): it runs on zero inputs too, so its dense layer is sized at the corners."""
+    """A loop growing a tensor one row per step (shape invariants [None, 24], at most 12 steps and
+    as many as x has rows, 3 in parallel): its dense layer is sized from the loop's bounds, as the
+    runs at the corners saw it too."""
     weight, bias = rng.uniform(-0.3, 0.3, (24, 24)).astype(np.float32), rng.uniform(-1, 1, 24).astype(np.float32)
     first = rng.uniform(-1, 1, (16, 24)).astype(np.float32)
 
@@ -156,6 +158,7 @@ def test_a_loop_with_shape_invariants_is_tuned_from_the_corners(tmp_path, rng):
                                   tuning=TINY_TUNING, database=shared_database())
     (looped,) = [layer for layer in report.layers if layer["where"]]
     assert looped["workload"] == "dense M=1..9 N=24 K=24 bias=True relu", report.summary()
+    assert "at most 9 iterations" in report.summary() and "outside the" not in report.summary()
     loops = [node for f in _saved_functions(tmp_path / "out").values() for node in f.node_def
              if node.op in ("While", "StatelessWhile")]
     assert loops and all(node.attr["parallel_iterations"].i == 3 for node in loops)

@@ -51,6 +51,22 @@ def test_dims_follow_concat_reshape_and_products(tmp_path):
     assert out["tiled"] == (None, None, 8) and shapes.range_of(out["tiled"][0]) is None
 
 
+def test_a_ranged_scalar_is_a_value_symbol_and_tensor_lists_are_shaped_as_their_stack(tmp_path):
+    def serve(x, n):
+        rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True).write(0, x).write(1, x)
+        _, picked = tf.math.top_k(x, k=2)
+        return {"positions": tf.range(n), "stacked": rows.stack(), "best": tf.argmax(x, axis=1),
+                "picked": picked, "gathered": tf.gather(x, picked, batch_dims=1)}
+
+    graph = saved_signature(tmp_path, serve, [tf.TensorSpec([None, 8], name="x"),
+                                              tf.TensorSpec([], tf.int32, name="n")])
+    shapes, out = symbolic(graph, {"x": [(1, 4), (8, 8)], "n": [(1, 20)]})
+    n, rows = (sympy.Symbol(name, integer=True, nonnegative=True) for name in ("n", "x[0]"))
+    assert out["positions"] == (n,) and shapes.range_of(out["positions"][0]) == (1, 20)
+    assert out["stacked"] == (2, rows, 8)
+    assert out["best"] == (rows,) and out["picked"] == (rows, 2) and out["gathered"] == (rows, 2)
+
+
 def test_a_mask_width_is_the_key_length_and_separate_lengths_stay_apart(tmp_path):
     def serve(q, k, mask):
         return {"out": tf.matmul(q, k, transpose_b=True) + mask}

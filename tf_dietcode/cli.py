@@ -11,7 +11,8 @@
 `tune` searches micro-kernels for each workload's whole range, writes a checked
 kernel bundle and prints which micro-kernel serves which M. `optimize` runs
 tf_dietcode.optimize() on a SavedModel and prints its summary; a shape range
-gives each dim of one input as a size or LO:HI, comma separated. Examples
+gives each dim of one input as a size or LO:HI, comma separated (an integer
+scalar input's values as LO:HI or one VALUE: `--shape_range max_len=1:64`). Examples
 (representative inputs, each an .npz of one array per input, by name; text as
 str arrays) stand for optimize()'s input_fn. Without --db, both read and extend
 the user's tuning database ($TF_DIETCODE_CACHE, else ~/.cache/tf_dietcode).
@@ -74,7 +75,8 @@ def _tune(args) -> int:
 
 
 def _shape_ranges(texts: list[str]) -> dict:
-    """['input_ids=1,1:128'] -> {'input_ids': [1, (1, 128)]}."""
+    """['input_ids=1,1:128'] -> {'input_ids': [1, (1, 128)]} (a scalar's ['max_len=1:64'] -> [(1, 64)]:
+    shape_ranges reads one item for a scalar as the range of its values)."""
     form = "NAME=DIM,DIM,... (a size or LO:HI each), e.g. --shape_range input_ids=1,1:128"
 
     def dims(text: str) -> tuple[str, list]:
@@ -187,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     optimize.add_argument("--tag_set", default="serve", help="comma-separated tags of the MetaGraph to load")
     optimize.add_argument("--signature_def", action="append", help="signature to optimize (default: all)")
     optimize.add_argument("--shape_range", action="append", default=[],
-                          help="NAME=DIM,DIM,...: an input's dims, each a size or LO:HI")
+                          help="NAME=DIM,DIM,...: an input's dims, each a size or LO:HI; for an integer "
+                               "scalar input (a loop's max_len) the range of its values, NAME=LO:HI or NAME=VALUE")
     optimize.add_argument("--example", action="append", default=[],
                           help="an .npz of one representative input per signature input, by name (as input_fn "
                                "of optimize(): their shapes set the ranges, and layers whose dims follow the "

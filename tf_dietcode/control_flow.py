@@ -1,15 +1,21 @@
 """The Converter's work inside control flow's bodies (loops and conds, graph_rewrite.bodies).
 
 Per signature: every body is matched by the registered fusion kinds like the
-signature's own graph (each body a scope of its own, "<signature> in <where>");
-the products of tuned kinds are sized from the shapes their operands are seen
-with when the original model runs (at the corners of the shape ranges, and on
-input_fn's inputs), since a dim that grows per iteration (a decoder's prefix)
-has no size in the graph: recorders added to each body keep each operand's
-smallest and largest dims over all iterations. A body that never ran there (a
-loop whose length is a scalar input, 0 on zero inputs) leaves its products
-unsized: they run the generic kernel (bundle ""), and a note says so. The same
-recorders count the products' FLOPs for the coverage.
+signature's own graph (each body a scope of its own, "<signature> in <where>").
+The products of tuned kinds are sized from what the loops prove of their
+bodies' shapes without running them (graph_rewrite.analysis.loop_ranges: dims
+unchanged across iterations keep the signature's symbols; a dim growing per
+iteration, a decoder's prefix or KV cache, has the range the loop's bound
+gives it, from a constant or an integer scalar input given a range of values).
+Products whose dims do not follow from that are sized from the shapes their
+operands are seen with when the original model runs (at the corners of the
+shape ranges, and on input_fn's inputs): recorders added to each body keep
+each operand's smallest and largest dims over all iterations; where both
+exist, the derived range is kept and the runs are checked to lie inside it. A
+product neither sizes (a loop whose length is a scalar input given no range, 0
+on zero inputs) runs the generic kernel (bundle ""). Notes say per body which
+products were sized which way. The same recorders count the products' FLOPs
+for the coverage.
 """
 
 import dataclasses
@@ -21,13 +27,14 @@ import tensorflow as tf
 from tf_dietcode.coverage import PRODUCTS, Coverage
 from tf_dietcode.graph_rewrite import bodies as body_graphs
 from tf_dietcode.graph_rewrite import fusions, slice_sinking, splice
-from tf_dietcode.graph_rewrite.analysis import signature_graph
+from tf_dietcode.graph_rewrite.analysis import loop_ranges, signature_graph
 from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, node_name
 from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
 from tf_dietcode.graph_rewrite.bodies import Body, Edited, Get, Threaded
 from tf_dietcode.graph_rewrite.fusions.contract import Found, LeftAlone, Switches, TunedFusion
 from tf_dietcode.precision import modes
 from tf_dietcode.precision.contract import Precision
+from tf_dietcode.tuning.workload import DIMS, DimRange, Workload
 
 # What an unsized product's op is bound to: the generic kernel, reading the weight as stored.
 GENERIC_KERNELS = {"weight_layout": {"packed": False}}
@@ -219,29 +226,85 @@ def _stateful_calls(graph_def: tf.compat.v1.GraphDef) -> None:
             node.op = node.op[len("Stateless"):]
 
 
-def sized(found: SignatureBodies, observed: Observed, cold_weights: bool) -> tuple[dict, dict, list[str]]:
-    """Workloads of the bodies' tuned matches that were seen running ((scope, core) -> Workload),
-    how the report describes their dims, and notes on those left to the generic kernel."""
-    workloads, described, unseen = {}, {}, {}
+def sized(found: SignatureBodies, observed: Observed, derived: dict[str, loop_ranges.DerivedBody],
+          cold_weights: bool, unranged_scalars: list[str]) -> tuple[dict, dict, list[str]]:
+    """Workloads of the bodies' tuned matches ((scope, core) -> Workload): from the shapes their
+    loops prove (loop_ranges: `derived`, by body) where those size them, else from the shapes
+    seen running; how the report describes their dims; notes per body on how its products were
+    sized, and on those left to the generic kernel (`unranged_scalars`: the integer scalar inputs
+    given no range of values, which may bound a loop)."""
+    workloads, described, notes = {}, {}, []
     for scope_key, body in found.scopes():
+        proof, by_proof, by_runs, unseen = derived.get(body.where), [], [], []
         for fusion, match in found.tuned(scope_key):
-            operands = fusion.operands(match)
-            seen = [observed.shapes.get((body.where, match.core, name)) for name in operands]
-            if any(s is None for s in seen):
-                unseen.setdefault(body.where, []).append(match.core)
+            seen = _seen_workload(fusion, match, body, observed, cold_weights)
+            proved = None if proof is None else fusion.sized_by_graph(match, proof.shapes, cold_weights)
+            if proved is not None:
+                workload, text = proved
+                if seen is not None and not _within(seen, workload):
+                    notes.append(f"{found.key}: {match.core} in {body.where} ran at {seen.describe()} at the corners "
+                                 f"of the shape ranges or on input_fn's inputs, outside the {workload.describe()} "
+                                 f"derived from the loop ({proof.how}): it is tuned for both")
+                    workload = _spanning(workload, seen)
+                described.setdefault(workload, f"derived in {body.where}: {text}; {proof.how}")
+                by_proof.append(match.core)
+            elif seen is not None:
+                workload = seen
+                described.setdefault(workload, f"seen running in {body.where}")
+                by_runs.append(match.core)
+            else:
+                unseen.append(match.core)
                 continue
-            shapes = {name: [lo, hi] for name, (lo, hi) in zip(operands, seen)}
-            workload, _ = fusion.sized_at_corners(match, shapes, cold_weights)
             workloads[(scope_key, match.core)] = workload
-            described.setdefault(workload, f"seen running in {body.where}")
-    notes = [f"{found.key}: {', '.join(cores)} in {where} did not run when optimize() ran the model (on zero "
-             "inputs at the corners of the shape ranges, where a loop's length read from a scalar input is 0, and "
-             "on input_fn's inputs if any): their sizes are unknown, so they are fused with the generic kernel; "
-             "build(input_fn) / optimize(input_fn=...) with representative inputs tunes them"
-             for where, cores in unseen.items()]
+        notes += _body_notes(found.key, body.where, proof, by_proof, by_runs, unseen, unranged_scalars)
     notes += [f"{found.key}: the model failed while optimize() ran it to size the products in its loops and "
               f"conds ({failure})" for failure in dict.fromkeys(observed.failures)]
     return workloads, described, notes
+
+
+def _seen_workload(fusion: TunedFusion, match, body: Body, observed: Observed, cold_weights: bool) -> Workload | None:
+    """The match's workload from the shapes its operands were seen with, None where it never ran."""
+    operands = fusion.operands(match)
+    seen = [observed.shapes.get((body.where, match.core, name)) for name in operands]
+    if any(s is None for s in seen):
+        return None
+    return fusion.sized_at_corners(match, {name: [lo, hi] for name, (lo, hi) in zip(operands, seen)},
+                                   cold_weights)[0]
+
+
+def _within(inner: Workload, outer: Workload) -> bool:
+    return all(getattr(outer, d).lo <= getattr(inner, d).lo and getattr(inner, d).hi <= getattr(outer, d).hi
+               for d in DIMS)
+
+
+def _spanning(a: Workload, b: Workload) -> Workload:
+    """a with each dim's range spanning b's too (untied: the ranges need not agree any more)."""
+    return dataclasses.replace(a, ties=(), **{d: DimRange(min(getattr(a, d).lo, getattr(b, d).lo),
+                                                          max(getattr(a, d).hi, getattr(b, d).hi)) for d in DIMS})
+
+
+def _body_notes(key: str, where: str, proof, by_proof: list[str], by_runs: list[str], unseen: list[str],
+                unranged_scalars: list[str]) -> list[str]:
+    """How one body's tuned products were sized: from the loop (its proof), from running the
+    model, or not at all."""
+    notes = []
+    if by_proof:
+        notes.append(f"{key}: {len(by_proof)} products in {where} sized from what the loop proves, without "
+                     f"running it ({proof.how})")
+    if by_runs:
+        notes.append(f"{key}: {', '.join(by_runs)} in {where} sized from the shapes seen when optimize() ran the "
+                     "model (at the corners of the shape ranges, and on input_fn's inputs if any): their dims do not "
+                     "follow from the loop's bound and arguments")
+    if unseen:
+        scalars = f" (here {', '.join(unranged_scalars)})" if unranged_scalars else ""
+        notes.append(f"{key}: {', '.join(unseen)} in {where} did not run when optimize() ran the model (on zero inputs "
+                     "at the corners of the shape ranges, where a loop's length read from a scalar input given no "
+                     "range is 0, and on input_fn's inputs if any), and their dims do not follow from the loop: their "
+                     "sizes are unknown, so they are fused with the generic kernel; a range of values for the "
+                     f"integer scalars that bound the loop{scalars} in shape_ranges (shape_ranges={{'max_len': (1, "
+                     "64)}}, --shape_range max_len=1:64), or build(input_fn) / optimize(input_fn=...) with "
+                     "representative inputs, tunes them")
+    return notes
 
 
 # ---- rewriting ---------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from tf_dietcode import bundle_store, control_flow, endpoints, output_check, ser
 from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.coverage import Coverage
 from tf_dietcode.graph_rewrite import fusions, loop_invariants, slice_sinking, splice
-from tf_dietcode.graph_rewrite.analysis import shape_ranges, signature_graph
+from tf_dietcode.graph_rewrite.analysis import loop_ranges, shape_ranges, signature_graph
 from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, node_name
 from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
 from tf_dietcode.graph_rewrite.fusions.contract import Found, LeftAlone, Switches, TunedFusion
@@ -324,7 +324,8 @@ class Converter:
     def _sized_by_graph(self, graph, tuned: list, cold_weights: bool) -> dict | None:
         """Workloads sized from the graph's symbolic shapes (graph_rewrite.analysis.symbolic_shapes),
         or None where some dim does not follow from them."""
-        shapes = SymbolicShapes(self._indexes[graph.key], graph.input_tensors, self.ranges[graph.key])
+        shapes = SymbolicShapes(self._indexes[graph.key], graph.input_tensors, self.ranges[graph.key],
+                                loop_ranges.signature_loops(self._bodies[graph.key].bodies))
         sized, described = {}, {}
         for fusion, match in tuned:
             result = fusion.sized_by_graph(match, shapes, cold_weights)
@@ -338,18 +339,24 @@ class Converter:
         return sized
 
     def _size_bodies(self, graph, cold_weights: bool, corners_seen: dict) -> None:
-        """Workloads of the products in the signature's loops and conds, from the shapes they run
-        with at the corners of the ranges and on input_fn's inputs (control_flow)."""
+        """Workloads of the products in the signature's loops and conds, from what the loops prove
+        of their shapes and from the shapes they run with at the corners of the ranges and on
+        input_fn's inputs (control_flow)."""
         bodies = self._bodies[graph.key]
         if not any(bodies.tuned(key) for key in bodies.found):
             return
-        seen = ("bodies", self._computations[graph.key], repr(self.ranges[graph.key]))
+        ranges = self.ranges[graph.key]
+        seen = ("bodies", self._computations[graph.key], repr(ranges))
         if seen not in corners_seen:
-            runs = shape_ranges.corner_inputs(graph.input_specs, self.ranges[graph.key]) + \
+            runs = shape_ranges.corner_inputs(graph.input_specs, ranges) + \
                 [[tf.constant(example[name], spec.dtype) for name, spec in graph.input_specs.items()]
                  for example in self._examples]
-            corners_seen[seen] = control_flow.observe(graph, bodies, runs)
-        workloads, described, notes = control_flow.sized(bodies, corners_seen[seen], cold_weights)
+            outer = SymbolicShapes(self._indexes[graph.key], graph.input_tensors, ranges,
+                                   loop_ranges.signature_loops(bodies.bodies))
+            corners_seen[seen] = (control_flow.observe(graph, bodies, runs), loop_ranges.derive(bodies.bodies, outer))
+        unranged = [name for name, spec in graph.input_specs.items()
+                    if spec.shape.rank == 0 and spec.dtype.is_integer and not ranges[name]]
+        workloads, described, notes = control_flow.sized(bodies, *corners_seen[seen], cold_weights, unranged)
         self._workloads.update(workloads)
         for workload, text in described.items():
             self.report.dims.setdefault(workload, text)
@@ -519,7 +526,8 @@ class Converter:
             shapes = shape_ranges.middle(self.ranges[graph.key])
             inputs = [[tf.constant(example[name], spec.dtype) for name, spec in graph.input_specs.items()]
                       for example in self._examples] or \
-                     [[tf.zeros(shapes[name], spec.dtype) for name, spec in graph.input_specs.items()]]
+                     [[shape_ranges.tensor_at(spec, shapes[name], tf.zeros)
+                       for name, spec in graph.input_specs.items()]]
             coverage.add(graph, self._rewritten[computation], inputs)
             control_flow.count_bodies(coverage, graph, self._bodies[graph.key], inputs)
         return coverage

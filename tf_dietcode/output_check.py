@@ -3,7 +3,8 @@
 Both run the same inputs: input_fn's where given, else one at the lowest corner,
 the middle and the highest corner of the shape ranges, with random floats in
 [-1, 1) in float inputs, zeros in other numbers and empty strings in text (the
-values every model accepts: token ids, masks). Per output, the error is
+values every model accepts: token ids, masks), and an integer scalar given a
+range of values (a loop's length) at its value there. Per output, the error is
 `row_error`: rows along the last axis, the largest ||optimized - original|| of
 a row relative to the largest ||original|| of a row (Euclidean norms). It reads
 a vector's error against the vector's size, not one element's against one
@@ -104,8 +105,8 @@ def _inputs(specs: dict[str, tf.TensorSpec], ranges: shape_ranges.DimRanges,
     rng = np.random.default_rng(SEED)
     lowest, highest = shape_ranges.corners(ranges)
     points = [lowest, shape_ranges.middle(ranges), highest]
-    return [{name: _values(spec.dtype, point[name], rng) for name, spec in specs.items()}
-            for i, point in enumerate(points) if point not in points[:i]]
+    return [{name: shape_ranges.tensor_at(spec, point[name], lambda shape, dtype: _values(dtype, shape, rng))
+             for name, spec in specs.items()} for i, point in enumerate(points) if point not in points[:i]]
 
 
 @dataclasses.dataclass

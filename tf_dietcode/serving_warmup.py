@@ -7,7 +7,8 @@ load and check the kernel bundle and run tuned kernels of several shape
 classes then, not on the first user's request.
 
 Inputs are zeros (empty strings for string inputs), the one value valid for
-every input a model can have (token ids, masks, features, text); a request
+every input a model can have (token ids, masks, features, text), and an
+integer scalar given a range of values (a loop's length) at its value; a request
 that fails would fail the model's load, so optimize() writes only those the
 original model runs (shape ranges may reach beyond what a model accepts, e.g.
 a sequence longer than its position table).
@@ -19,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
-from tf_dietcode.graph_rewrite.analysis.shape_ranges import DimRanges
+from tf_dietcode.graph_rewrite.analysis.shape_ranges import DimRanges, tensor_at
 
 WARMUP_FILE = pathlib.Path("assets.extra") / "tf_serving_warmup_requests"
 POINTS = 4   # shapes per signature, from the lowest to the highest corner of its ranges
@@ -27,7 +28,7 @@ POINTS = 4   # shapes per signature, from the lowest to the highest corner of it
 
 def warmup_shapes(ranges: DimRanges, points: int = POINTS) -> list[dict[str, list[int]]]:
     """Input shapes at `points` evenly spaced steps from the lowest to the highest corner
-    (dims of size 0 become 1: an empty request warms nothing)."""
+    (dims of size 0 become 1: an empty request warms nothing; a ranged scalar's [value] alike)."""
     shapes = []
     for step in range(points):
         shape = {name: [max(lo + (hi - lo) * step // (points - 1), 1) for lo, hi in dims]
@@ -42,7 +43,7 @@ Request = tuple[str, dict[str, np.ndarray]]  # (signature key, inputs by name)
 
 def requests(signatures: dict[str, tuple[dict[str, tf.TensorSpec], DimRanges]]) -> list[Request]:
     """The zero-input requests of every signature ({key: (input specs, ranges)}), short to long."""
-    return [(key, {name: tf.zeros(shape[name], spec.dtype).numpy() for name, spec in specs.items()})
+    return [(key, {name: tensor_at(spec, shape[name], tf.zeros).numpy() for name, spec in specs.items()})
             for key, (specs, ranges) in signatures.items() for shape in warmup_shapes(ranges)]
 
 

@@ -7,10 +7,17 @@ default": the batch 1..16, any other dim 1..128 or up to what the model's own
 graph allows) or from representative inputs. M = product of a layer input's
 leading dims; it is found by running the original graph on zero inputs at the
 lowest and the highest corner of the ranges (products grow with every dim).
+
+An integer scalar input (a decoder's max_len) may be given a range of values
+instead (`{"max_len": (1, 64)}`, or one int): DimRanges then holds that value
+range as the scalar's one entry, and the inputs made at a point of the ranges
+(`tensor_at`) hold that value, so a loop it bounds runs its full length at the
+highest corner. A scalar without a range has no entry: it is 0 there.
 """
 
 import math
 import re
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -18,7 +25,7 @@ import tensorflow as tf
 DEFAULT_BATCH = (1, 16)        # an unknown first dim
 DEFAULT_OTHER = (1, 128)       # any other unknown dim (sequence lengths)
 
-DimRanges = dict[str, list[tuple[int, int]]]
+DimRanges = dict[str, list[tuple[int, int]]]  # per input, (lo, hi) per dim (a ranged scalar's: of its values)
 
 
 def resolve(specs: dict[str, tf.TensorSpec], shape_ranges: dict | None,
@@ -38,10 +45,9 @@ def resolve(specs: dict[str, tf.TensorSpec], shape_ranges: dict | None,
         if spec.shape.rank is None and name not in shape_ranges:
             raise ValueError(f"input {name!r} has unknown rank in the signature: give its dims in shape_ranges")
         given = shape_ranges.get(name)
-        if spec.shape.rank == 0 and given is not None and (not isinstance(given, (list, tuple)) or given):
-            raise ValueError(f"input {name!r} is a scalar: it has no dims for shape_ranges to range, and its value "
-                             "(a loop's length, say) is not a shape; leave it out of shape_ranges (where optimize() "
-                             "runs the model on zero inputs, it is 0), or pass representative inputs (input_fn)")
+        if spec.shape.rank == 0:
+            ranges[name] = _value_range(name, spec, given)
+            continue
         if given is not None and not isinstance(given, (list, tuple)):
             raise ValueError(f"shape_ranges[{name!r}] wants one item per dim (a size, (lo, hi) or None), "
                              f"got {given!r}")
@@ -69,6 +75,32 @@ def resolve(specs: dict[str, tf.TensorSpec], shape_ranges: dict | None,
     return ranges, notes
 
 
+def _value_range(name: str, spec: tf.TensorSpec, given) -> list[tuple[int, int]]:
+    """A scalar input's entry: [(lo, hi)] of its values where shape_ranges gives them (an int,
+    (lo, hi), or either alone in a list, as the CLI's `max_len=1:64` writes it), else []."""
+    if given is None or (isinstance(given, (list, tuple)) and not given):
+        return []
+    if isinstance(given, (list, tuple)) and len(given) == 1:
+        given = given[0]
+    if isinstance(given, (list, tuple)) and len(given) == 2:
+        lo_hi = tuple(given)
+    else:
+        lo_hi = (given, given)
+    if not spec.dtype.is_integer:
+        raise ValueError(f"input {name!r} is a {spec.dtype.name} scalar: shape_ranges gives a scalar a range of "
+                         "values only where it is an integer (a loop's length, say); leave it out of shape_ranges")
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in lo_hi):
+        raise ValueError(f"shape_ranges[{name!r}]: input {name!r} is a scalar, so its entry is the range of its "
+                         f"values: an int or (lo, hi), got {given!r}")
+    lo, hi = (int(v) for v in lo_hi)
+    if not 0 <= lo <= hi:
+        raise ValueError(f"shape_ranges[{name!r}]: the range of the scalar's values needs 0 <= min <= max, "
+                         f"got {(lo, hi)}")
+    if spec.dtype.max < hi:
+        raise ValueError(f"shape_ranges[{name!r}]: {hi} does not fit the input's dtype {spec.dtype.name}")
+    return [(lo, hi)]
+
+
 def _default_range(axis: int, maximum: int | None) -> tuple[int, int]:
     """The range of a dim that neither the signature nor shape_ranges sizes: the batch
     DEFAULT_BATCH, any other dim up to the model's own limit where it has one."""
@@ -80,18 +112,21 @@ def _default_range(axis: int, maximum: int | None) -> tuple[int, int]:
 
 
 def from_examples(specs: dict[str, tf.TensorSpec], examples) -> DimRanges:
-    """Ranges spanning the shapes of representative inputs (dicts by input name)."""
+    """Ranges spanning the shapes of representative inputs (dicts by input name), and the values
+    of their integer scalars."""
     seen: dict[str, list[tuple[int, int]]] = {}
     for example in examples:
         if set(example) != set(specs):
             raise ValueError(f"input_fn yielded inputs {sorted(example)}, the signature takes {sorted(specs)}")
         for name, value in example.items():
             shape = np.shape(value)
-            old = seen.get(name, [(d, d) for d in shape])
-            rank = len(old) if specs[name].shape.rank is None else specs[name].shape.rank
+            rank = len(seen.get(name, shape)) if specs[name].shape.rank is None else specs[name].shape.rank
             if len(shape) != rank:
                 raise ValueError(f"input_fn's {name!r} has rank {len(shape)}, expected {rank}")
-            seen[name] = [(min(lo, d), max(hi, d)) for (lo, hi), d in zip(old, shape)]
+            # an integer scalar's entry is the range of its values, as shape_ranges gives it (_value_range)
+            point = (int(value),) if specs[name].shape.rank == 0 and specs[name].dtype.is_integer else shape
+            seen[name] = [(min(lo, d), max(hi, d)) for (lo, hi), d in zip(seen.get(name, [(d, d) for d in point]),
+                                                                          point)]
     if not seen:
         raise ValueError("input_fn yielded no inputs")
     return seen
@@ -103,8 +138,17 @@ def corners(ranges: DimRanges) -> list[dict[str, list[int]]]:
 
 
 def corner_inputs(specs: dict[str, tf.TensorSpec], ranges: DimRanges) -> list[list[tf.Tensor]]:
-    """Zero inputs (in specs' order) at the lowest and at the highest corner of the ranges."""
-    return [[tf.zeros(corner[name], spec.dtype) for name, spec in specs.items()] for corner in corners(ranges)]
+    """Zero inputs (in specs' order) at the lowest and at the highest corner of the ranges (ranged
+    scalars at their lowest and highest value)."""
+    return [[tensor_at(spec, corner[name], tf.zeros) for name, spec in specs.items()] for corner in corners(ranges)]
+
+
+def tensor_at(spec: tf.TensorSpec, point: list[int], fill: Callable[[list[int], tf.DType], tf.Tensor]) -> tf.Tensor:
+    """An input at a point of the ranges (corners, middle): a ranged scalar's value there (its
+    point is [value]), else fill(shape, dtype)."""
+    if spec.shape.rank == 0 and point:
+        return tf.constant(point[0], spec.dtype)
+    return fill(point, spec.dtype)
 
 
 def observed_shapes(function, specs: dict[str, tf.TensorSpec], ranges: DimRanges,

@@ -14,12 +14,21 @@ taken to be equal and their symbols are merged (a key length and its mask's
 width become one symbol). A dim that is 1 at run time may still broadcast;
 the equality only steers tuning, never correctness.
 
+An integer scalar input given a range of values (a loop's length) is a
+symbol in the values it takes part in. A TensorList (TensorArray's form in
+graphs) is shaped as its stack would be: [length, *element shape]. A loop's
+body starts from what the loop proves of its arguments (`Given`,
+analysis.loop_ranges): dims in symbols of the signature's inputs and of the
+iteration.
+
 An op without a rule keeps TF's static shape, its unknown dims unknown; a
 layer that depends on one cannot be sized here (`range_of` gives None).
 """
 
+import dataclasses
 import math
 import string
+from collections.abc import Callable
 
 import numpy as np
 import sympy
@@ -45,9 +54,23 @@ REDUCTIONS = {"All", "Any", "Max", "Mean", "Min", "Prod", "Sum"}
 MAX_VALUE_ELEMENTS = 16  # integer tensors this small are followed element by element (shape vectors)
 
 
+@dataclasses.dataclass
+class Given:
+    """What is known of some tensors before their graph is read (a loop body's arguments): their
+    shapes and small integer values, in symbols bounded by `bounds`; and what a While node in
+    the graph returns: loop_outputs(shapes, node, its inputs' shapes, their values) -> the
+    shape of each output, or None (TF's static shapes)."""
+    shapes: dict[str, Shape]
+    values: dict[str, tuple[Dim, ...] | None]
+    bounds: dict[sympy.Symbol, tuple[int, int]]
+    loop_outputs: Callable[["SymbolicShapes", object, list[Shape], list], list[Shape] | None] | None = None
+
+
 class SymbolicShapes:
-    def __init__(self, index: GraphIndex, inputs: dict[str, str], ranges: dict[str, list[tuple[int, int]]]):
-        """inputs: input name -> its tensor in the graph; ranges: input name -> (lo, hi) per dim."""
+    def __init__(self, index: GraphIndex, inputs: dict[str, str], ranges: dict[str, list[tuple[int, int]]],
+                 given: Given | None = None):
+        """inputs: input name -> its tensor in the graph; ranges: input name -> (lo, hi) per dim (a
+        scalar's: of its values, shape_ranges); given: what is known of other tensors."""
         self.index = index
         self.bounds: dict[sympy.Symbol, tuple[int, int]] = {}
         self._merged: dict[sympy.Symbol, sympy.Symbol] = {}
@@ -55,9 +78,14 @@ class SymbolicShapes:
         self._slice_limits: dict[sympy.Symbol, int] = {}  # a symbol that slices a static dim: at most its size
         self._index_bounds: dict[str, tuple[sympy.Expr, sympy.Expr]] = {}  # integer tensor -> (min, max) element
         self._never_true: set[str] = set()  # boolean tensors known to be all false
+        self._length_only: set[str] = set()  # TensorLists shaped [length] alone: their elements' rank unknown
         self._shapes: dict[str, Shape] = {}
         self._values: dict[str, tuple[Dim, ...] | None] = {}
         for name, tensor in inputs.items():
+            if index.shape(tensor) == []:
+                self._shapes[tensor_name(tensor)] = ()
+                self._values[tensor_name(tensor)] = self._scalar_value(name, ranges[name])
+                continue
             dims = []
             for axis, (lo, hi) in enumerate(ranges[name]):
                 if lo == hi:
@@ -69,15 +97,36 @@ class SymbolicShapes:
                     dims.append(symbol)
             self._shapes[tensor_name(tensor)] = tuple(dims)
             self._values[tensor_name(tensor)] = None
+        self._loop_outputs = None if given is None else given.loop_outputs
+        if given is not None:
+            self.bounds.update(given.bounds)
+            self._shapes.update({tensor_name(t): shape for t, shape in given.shapes.items()})
+            self._values.update({tensor_name(t): value for t, value in given.values.items()})
         for node in _topological_order(index):
             if f"{node.name}:0" not in self._shapes:
                 self._visit(node)
+
+    def _scalar_value(self, name: str, value_range: list[tuple[int, int]]) -> tuple[Dim] | None:
+        """A scalar input's value: a symbol where shape_ranges gives it a range of values."""
+        if not value_range:
+            return None
+        ((lo, hi),) = value_range
+        if lo == hi:
+            return (sympy.Integer(lo),)
+        symbol = sympy.Symbol(name, integer=True, nonnegative=lo >= 0)
+        self.bounds[symbol] = (lo, hi)
+        return (symbol,)
 
     # ---- what callers ask -------------------------------------------------------------------------
 
     def shape(self, tensor: str) -> Shape:
         shape = self._shapes.get(tensor_name(tensor))
         return None if shape is None else tuple(None if d is None else self.canonical(d) for d in shape)
+
+    def value(self, tensor: str) -> tuple[Dim, ...] | None:
+        """A small integer tensor's elements (shape vectors, scalars), as far as they are known."""
+        value = self._values.get(tensor_name(tensor))
+        return None if value is None else tuple(None if v is None else self.canonical(v) for v in value)
 
     def canonical(self, expr: sympy.Expr) -> sympy.Expr:
         """The expression in terms of each merged group's one symbol."""
@@ -168,6 +217,12 @@ class SymbolicShapes:
                 self._values[tensor] = self._static_value(tensor, self._shapes[tensor])
         shapes = [self._shapes[t] for t in inputs]
         values = [self._values[t] for t in inputs]
+        looped = self._loop_outputs(self, node, shapes, values) \
+            if self._loop_outputs is not None and node.op in ("While", "StatelessWhile") else None
+        for i, shape in enumerate(looped or ()):
+            self._shapes[f"{node.name}:{i}"], self._values[f"{node.name}:{i}"] = shape, None
+        if looped:
+            return
         try:
             shape, value = self._propagate(node, shapes, values)
         except (ArithmeticError, IndexError, TypeError, ValueError):  # inputs a rule does not expect
@@ -181,6 +236,8 @@ class SymbolicShapes:
         if node.op == "IdentityN":  # output i is input i (custom gradients return their results so)
             for i in range(1, len(inputs)):
                 self._shapes[f"{node.name}:{i}"], self._values[f"{node.name}:{i}"] = shapes[i], values[i]
+        if node.op == "TopKV2":  # the indices, shaped as the values
+            self._shapes[f"{node.name}:1"], self._values[f"{node.name}:1"] = self._shapes[output], None
         self._follow_index_bounds(node, inputs, values, output)
 
     def _follow_index_bounds(self, node, inputs: list[str], values: list, output: str) -> None:
@@ -279,11 +336,13 @@ class SymbolicShapes:
 
     def _rule_GatherV2(self, node, shapes, values):
         (params, axis), indices = self._gathered(node, shapes[0], values), shapes[1]
-        if params is None or indices is None or axis is None or node.attr["batch_dims"].i != 0:
+        if params is None or indices is None or axis is None:
             return None, None
-        shape = (*params[:axis], *indices, *params[axis + 1:])
+        batch_dims = node.attr["batch_dims"].i  # leading dims params and indices share (negative: from the end)
+        batch_dims += len(indices) if batch_dims < 0 else 0
+        shape = (*params[:axis], *indices[batch_dims:], *params[axis + 1:])
         picks = _constant(values[1])
-        value = None if values[0] is None or picks is None else tuple(values[0][i] for i in picks)
+        value = None if values[0] is None or picks is None or batch_dims else tuple(values[0][i] for i in picks)
         return shape, value
 
     _rule_ResourceGather = _rule_GatherV2
@@ -382,6 +441,67 @@ class SymbolicShapes:
 
     def _rule_Fill(self, node, shapes, values):
         return values[0], None
+
+    def _rule_ArgMax(self, node, shapes, values):
+        axis = _constant(values[1])
+        if shapes[0] is None or axis is None:
+            return None, None
+        axis = axis[0] % len(shapes[0])
+        return (*shapes[0][:axis], *shapes[0][axis + 1:]), None
+
+    _rule_ArgMin = _rule_ArgMax
+
+    def _rule_TopKV2(self, node, shapes, values):
+        k = _constant(values[1])
+        return (None if shapes[0] is None or k is None else (*shapes[0][:-1], sympy.Integer(k[0]))), None
+
+    # TensorLists (TensorArrays), shaped as their stack: [length, *element shape]
+
+    def _rule_TensorListReserve(self, node, shapes, values):
+        return self._new_list(node, values[1][0] if values[1] else None, shapes[0], values[0]), None
+
+    def _rule_EmptyTensorList(self, node, shapes, values):
+        return self._new_list(node, sympy.Integer(0), shapes[0], values[0]), None
+
+    def _new_list(self, node, length: Dim, element_shape: Shape, element: tuple | None) -> Shape:
+        """A new list's shape from its length and element_shape input (-1 dims unknown). Of one
+        whose elements' rank is unknown (element_shape -1) only the length is followed: it is
+        shaped [length] and its stack is not known until an item is set."""
+        if length is None:
+            return None
+        if element_shape == () or element is None:
+            self._length_only.add(f"{node.name}:0")
+            return (length,)
+        return (length, *(None if d is None or d == -1 else d for d in element))
+
+    def _rule_TensorListFromTensor(self, node, shapes, values):
+        return shapes[0], None
+
+    def _rule_TensorListSetItem(self, node, shapes, values):
+        (length, *_), (index,), item = shapes[0], values[1], shapes[2]
+        if item is None or length is None or index is None:
+            return None, None
+        grown = sympy.Max(length, index + 1) if node.attr["resize_if_index_out_of_bounds"].b else length
+        return (grown, *item), None
+
+    def _rule_TensorListPushBack(self, node, shapes, values):
+        (length, *_), item = shapes[0], shapes[1]
+        return (None if item is None or length is None else (length + 1, *item)), None
+
+    def _rule_TensorListStack(self, node, shapes, values):
+        return self._listed(node, shapes[0]), None
+
+    def _rule_TensorListGetItem(self, node, shapes, values):
+        stacked = self._listed(node, shapes[0])
+        return (None if stacked is None else stacked[1:]), None
+
+    def _rule_TensorListLength(self, node, shapes, values):
+        return (), (shapes[0][0],) if shapes[0] else None
+
+    def _listed(self, node, shape: Shape) -> Shape:
+        """A list's stacked shape where it is known (a list no rule followed is shaped as a scalar
+        variant: it tells nothing)."""
+        return shape if shape and tensor_name(node.input[0]) not in self._length_only else None
 
     def _rule_LookupTableFindV2(self, node, shapes, values):
         """A table lookup (StringLookup's token ids): a value, shaped like the default, per key."""
