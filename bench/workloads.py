@@ -116,7 +116,4 @@ WORKLOADS = [
     # The seeds' fused-op shape: batch 64, 8 heads, M=1, N=17, K=128 (T unused).
     _attention_scores(64, 8, lambda t: 1, lambda t: 17, 128, "seed_bmm_add_64x8x1x17x128"),
     _attention_context(64, 8, lambda t: 1, lambda t: 17, 128, "seed_bmm_transpose_64x8x1x17x128"),
-    # The seeds' shape as a decoder's step runs it: one query against t cached positions, t = T.
-    _attention_scores(64, 8, lambda t: 1, _same, 128, "decode_step_bmm_add_64x8x1xTx128"),
-    _attention_context(64, 8, lambda t: 1, _same, 128, "decode_step_bmm_transpose_64x8x1xTx128"),
 ]
