@@ -39,10 +39,11 @@ def _layer_norm_rows(node) -> dict[int, int]:
     return {0: 1, **({3: 1} if node.attr["num_residual"].i else {})}
 
 
+# The bfloat16 and int8 dense ops are row-wise too, but an encoder block whose attention output
+# projection ran in bfloat16 failed to load once the slice had moved ahead of it: left out until
+# that is understood.
 ROW_WISE: dict[str, RowInputs] = {
     "DietcodeFusedMatMul": _dense_rows,
-    "DietcodeFusedMatMulBf16": _dense_rows,
-    "DietcodeFusedMatMulInt8": _dense_rows,
     "DietcodeLayerNorm": _layer_norm_rows,
 }
 _SPEC_ATTRS = ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")
