@@ -6,8 +6,9 @@ Runs each part in its own process, one after another (never two timings at
 once on this 2-core machine), from a fresh output directory (so tuning times
 are not shortened by an earlier run's database):
 peak, kernel_peers, tuned_kernels, tuning_cost (which reads tuned_kernels'
-DietCode and largest-shape runs), bert_base, precision (which starts from a copy
-of bert_base's tuning database: its float32 BERT-base is the same tuning). --quick gives each part its
+DietCode and largest-shape runs), bert_base (both BERT-base families: bert_base.csv and
+bert_base_exported.csv), precision (which starts from a copy of bert_base's tuning database: its
+float32 BERT-base is the same tuning). --quick gives each part its
 quick mode (a few T, the quick tuning budget); the full run takes about 1.5 hours.
 Then copies every CSV and plot into <docs>/results/suite/ and writes
 <docs>/BENCHMARKS.md from those CSVs alone.
