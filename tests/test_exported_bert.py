@@ -1,7 +1,8 @@
 """The exported-encoder family (bench/exported_bert.py) at a small size: the SavedModel agrees with a
 float64 numpy forward pass of the same weights (tests/bert_reference.py), and optimize() fuses every
-dense layer (the pooler's tanh one included) and both attention products (the scores with the mask
-bias), keeping the outputs on fresh inputs with padding, in and beyond the tuned range."""
+dense layer (the pooler's tanh one included), both attention products (the scores with the mask
+bias) and the softmax (without the +1e-9 before it), keeping the outputs on fresh inputs with padding,
+in and beyond the tuned range."""
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 import tf_dietcode
 from bench import exported_bert, hf_bert
+from tf_dietcode.graph_rewrite.fusions import softmax
 from tf_dietcode.tuning import search
 
 import bert_reference
@@ -105,6 +107,8 @@ def test_optimize_fuses_every_dense_layer_and_both_attention_products(optimized)
     assert len(attention) == 2 * SMALL.num_hidden_layers and all(layer["kernels"] for layer in attention)
     pooler = [layer for layer in dense if "pooler" in layer["node"]]
     assert len(pooler) == 1 and "tanh" in pooler[0]["workload"], pooler
+    softmaxes = [layer for layer in layers if layer["kind"] == "softmax"]  # each without the +1e-9 before it
+    assert [layer["forms"] for layer in softmaxes] == [[softmax.SHIFTED_FORM]] * SMALL.num_hidden_layers
     assert sum(report.found.values()) == sum(report.fused.values()) and not report.left_alone, report.summary()
 
 
