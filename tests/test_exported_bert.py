@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tf_dietcode
-from bench import exported_bert, hf_bert
+from bench import bert_base, exported_bert, hf_bert
 from tf_dietcode.graph_rewrite.fusions import softmax
 from tf_dietcode.tuning import search
 
@@ -118,3 +118,16 @@ def test_optimize_keeps_the_outputs(original_model, optimized, batch, t):
     expected, actual = original_model(feed), optimized[0](feed)
     for name in exported_bert.OUTPUTS:
         np.testing.assert_allclose(actual[name], expected[name], rtol=0, atol=1e-4, err_msg=name)
+
+
+def test_the_benchmark_feeds_padded_batches_and_checks_every_output():
+    """bench.bert_base's exported family: its feed at batch 16 has padding, and a peer whose second
+    output (the pooled one) differs fails the check that runs at every cell."""
+    family = bert_base.FAMILIES["exported"]
+    feed = family.feed(16, 17)
+    assert tuple(feed) == exported_bert.INPUTS and (feed["attention_mask"] == 0).any()
+    assert family.feed(1, 17)["attention_mask"].all()
+    expected = (np.zeros((16, 17, 768), np.float32), np.zeros((16, 768), np.float32))
+    bert_base.agree_with_tensorflow({"tensorflow": expected, "dietcode": expected})
+    with pytest.raises(AssertionError, match="dietcode output 1"):
+        bert_base.agree_with_tensorflow({"tensorflow": expected, "dietcode": (expected[0], expected[1] + 1e-3)})
