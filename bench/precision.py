@@ -55,7 +55,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
-from bench import cli, encoder, minilm, onnx_peer, peak, report, timing  # noqa: E402
+from bench import cli, encoder, hf_bert, minilm, onnx_peer, peak, report, timing  # noqa: E402
 from bench.workloads import QUICK_SEQUENCE_LENGTHS  # noqa: E402
 from tf_dietcode import output_check  # noqa: E402
 from tf_dietcode.tuning import hardware  # noqa: E402
@@ -97,7 +97,7 @@ def _token_ids(vocabulary: int) -> Callable[[int, int, int], Inputs]:
 
 def _words(batch: int, t: int, seed: int) -> Inputs:
     """Random word pieces (ids past the special tokens), every token kept."""
-    ids = np.random.default_rng([seed, batch, t]).integers(1000, minilm.Config.read().vocab_size, (batch, t))
+    ids = np.random.default_rng([seed, batch, t]).integers(1000, minilm.read_config().vocab_size, (batch, t))
     return {"input_ids": ids.astype(np.int32), "attention_mask": np.ones((batch, t), np.int32)}
 
 
@@ -120,7 +120,7 @@ MODELS = [
     BenchModel("bert_base", lambda: encoder.build(encoder.BERT_BASE),
                lambda model, path: model.export(str(path), verbose=False),
                _token_ids(encoder.BERT_BASE.vocabulary), "output_0", _corners(_token_ids(encoder.BERT_BASE.vocabulary))),
-    BenchModel("all_minilm_l6_v2", minilm.pretrained, minilm.export, _words, "embeddings", _sentence_examples,
+    BenchModel("all_minilm_l6_v2", minilm.pretrained, hf_bert.export, _words, "embeddings", _sentence_examples,
                sentences=True),
 ]
 

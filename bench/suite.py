@@ -6,9 +6,11 @@ Runs each part in its own process, one after another (never two timings at
 once on this 2-core machine), from a fresh output directory (so tuning times
 are not shortened by an earlier run's database):
 peak, kernel_peers, tuned_kernels, tuning_cost (which reads tuned_kernels'
-DietCode and largest-shape runs), bert_base, precision (which starts from a copy
-of bert_base's tuning database: its float32 BERT-base is the same tuning). --quick gives each part its
-quick mode (a few T, the quick tuning budget); the full run takes about 1.5 hours.
+DietCode and largest-shape runs), bert_base (both BERT-base families: bert_base.csv and
+bert_base_exported.csv), precision (which starts from a copy of bert_base's tuning database: its
+float32 BERT-base is the same tuning). --quick gives each part its
+quick mode (a few T, the quick tuning budget); the full run takes an estimated 2-2.5 hours (all
+but bert_base's second family took 1.5).
 Then copies every CSV and plot into <docs>/results/suite/ and writes
 <docs>/BENCHMARKS.md from those CSVs alone.
 """
@@ -46,7 +48,7 @@ def source_commit() -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="every part's quick mode (11-19 minutes)")
+    parser.add_argument("--quick", action="store_true", help="every part's quick mode (18-35 minutes)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/suite"))
     parser.add_argument("--docs", type=pathlib.Path, default=pathlib.Path("docs"))
     args = parser.parse_args(argv)

@@ -1,19 +1,18 @@
 """A real model: all-MiniLM-L6-v2 with its pretrained weights (bench/minilm.py), whose embeddings show
 errors that random weights hide. The port is checked against the model's published similarities and a
-float64 numpy forward pass written here from the weight file alone; then optimize() must keep every
+float64 numpy forward pass (tests/bert_reference.py) from the weight file alone; then optimize() must keep every
 sentence's embedding (tests/data/sentences.txt) where the original puts it."""
-
-import json
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from scipy.special import erf
 
 import tf_dietcode
-from bench import minilm
-from conftest import TINY_TUNING_OPTIONS, shared_database
+from bench import hf_bert, minilm
 from tf_dietcode.tuning import search
+
+import bert_reference
+from conftest import TINY_TUNING_OPTIONS, shared_database
 
 BATCH, MAX_LENGTH = 4, 64  # the shape ranges optimize() is given: batch 1..4, T 1..64
 # The least cosine similarity to the original's embedding each precision must keep for every sentence.
@@ -39,43 +38,16 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def reference_embeddings(w: dict[str, np.ndarray], config: dict, sentences: list[list[int]]) -> np.ndarray:
+def reference_embeddings(w: dict[str, np.ndarray], config: hf_bert.Config, sentences: list[list[int]]) -> np.ndarray:
     """Each sentence's embedding (token ids, no padding) from the weights `w` (float64, by Hugging Face's
-    names), as Hugging Face's BertModel and sentence-transformers' mean pooling and normalization compute
-    it. The sentences' tokens are stacked into one matrix for the row-wise steps (each weight is read
-    once a layer, not once a sentence); attention runs per sentence."""
-    heads, eps = config["num_attention_heads"], config["layer_norm_eps"]
-    ends = np.cumsum([len(ids) for ids in sentences])
-    spans = [slice(end - len(ids), end) for end, ids in zip(ends, sentences)]
-
-    def linear(x, name):  # torch.nn.Linear: x @ weight.T + bias
-        return x @ w[f"{name}.weight"].T + w[f"{name}.bias"]
-
-    def layer_norm(x, name):
-        mean = x.mean(-1, keepdims=True)
-        variance = ((x - mean) ** 2).mean(-1, keepdims=True)
-        return (x - mean) / np.sqrt(variance + eps) * w[f"{name}.weight"] + w[f"{name}.bias"]
-
-    def attention(q, k, v):  # one sentence: [T, hidden] each
-        q, k, v = (x.reshape(len(x), heads, -1).transpose(1, 0, 2) for x in (q, k, v))
-        scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
-        probabilities = np.exp(scores - scores.max(-1, keepdims=True))
-        probabilities /= probabilities.sum(-1, keepdims=True)
-        return (probabilities @ v).transpose(1, 0, 2).reshape(len(q[0]), -1)
-
-    positions = np.concatenate([np.arange(len(ids)) for ids in sentences])
-    x = layer_norm(w["embeddings.word_embeddings.weight"][np.concatenate(sentences)]
-                   + w["embeddings.position_embeddings.weight"][positions]
-                   + w["embeddings.token_type_embeddings.weight"][0], "embeddings.LayerNorm")
-    for i in range(config["num_hidden_layers"]):
-        p = f"encoder.layer.{i}"
-        q, k, v = (linear(x, f"{p}.attention.self.{n}") for n in ("query", "key", "value"))
-        context = np.concatenate([attention(q[span], k[span], v[span]) for span in spans])
-        x = layer_norm(x + linear(context, f"{p}.attention.output.dense"), f"{p}.attention.output.LayerNorm")
-        inner = linear(x, f"{p}.intermediate.dense")
-        inner = 0.5 * inner * (1.0 + erf(inner / np.sqrt(2.0)))
-        x = layer_norm(x + linear(inner, f"{p}.output.dense"), f"{p}.output.LayerNorm")
-    means = np.stack([x[span].mean(0) for span in spans])
+    names), as Hugging Face's BertModel (bert_reference) and sentence-transformers' mean pooling and
+    normalization compute it, one sentence at a time."""
+    means = []
+    for ids in sentences:
+        ids = np.array([ids])
+        sequence, _ = bert_reference.forward(w, config, ids, np.zeros_like(ids), np.ones_like(ids))
+        means.append(sequence[0].mean(0))
+    means = np.stack(means)
     return means / np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
 
 
@@ -93,7 +65,7 @@ def models(tmp_path_factory, sentences):
     Optimized on representative inputs (minilm.examples: batch 1..4, T 1..64), so that the output check
     and the accuracy gate run real sentences; a quarter of them keeps the gate's runs short."""
     root = tmp_path_factory.mktemp("minilm")
-    minilm.export(minilm.pretrained(), root / "original")
+    hf_bert.export(minilm.pretrained(), root / "original")
     examples = minilm.examples(sentences[::4], BATCH, MAX_LENGTH)
     reports = {precision: tf_dietcode.optimize(root / "original", root / precision, input_fn=lambda: iter(examples),
                                                precision=precision, tuning=search.SearchOptions(**TINY_TUNING_OPTIONS),
@@ -131,18 +103,17 @@ def test_paraphrases_are_far_closer_than_unrelated_sentences(models):
 
 def test_the_port_agrees_with_a_float64_forward_pass(original_embeddings, sentences):
     """Every sentence, run padded in batches by the SavedModel and alone by the reference: to 1e-5."""
-    config = json.loads((minilm.model_dir() / "config.json").read_text())
     weights = {name: value.astype(np.float64) for name, value in minilm.read_weights().items()}
     alone = [minilm.tokenizer().encode(sentence).ids for sentence in sentences]  # one at a time: no padding
-    expected = reference_embeddings(weights, config, alone)
+    expected = reference_embeddings(weights, minilm.read_config(), alone)
     for index, sentence in enumerate(sentences):
         np.testing.assert_allclose(original_embeddings[index], expected[index], rtol=0, atol=1e-5, err_msg=sentence)
 
 
 def test_every_weight_is_placed_once():
-    config = minilm.Config.read()
+    config = minilm.read_config()
     model = minilm.build(config)
-    targets = minilm.targets(model, config)
+    targets = hf_bert.targets(model, config)
     weights = minilm.read_weights()
     assert set(targets) | set(minilm.UNUSED) == set(weights)
     assert len({id(t.variable) for t in targets.values()}) == len(targets) == len(model.weights)
@@ -159,13 +130,13 @@ def test_every_weight_is_placed_once():
     (lambda w: w.update({"embeddings.position_ids": np.zeros((1, 512), np.int64)}), "position_ids is not"),
 ])
 def test_weights_that_do_not_fit_are_named(change, message):
-    config = minilm.Config.read()
+    config = minilm.read_config()
     model = minilm.build(config)
     weights = minilm.read_weights()
     change(weights)
     before = [v.numpy().copy() for v in model.weights]
     with pytest.raises(ValueError, match=message):
-        minilm.load_weights(model, config, weights)
+        hf_bert.load_weights(model, config, weights, unused=minilm.UNUSED)
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.weights))  # nothing assigned
 
 

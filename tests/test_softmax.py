@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import tf_dietcode
 from tf_dietcode import ops
+from tf_dietcode.graph_rewrite.fusions import softmax
 
 
 def _float64_softmax(x):
@@ -76,3 +77,33 @@ def test_optimize_replaces_softmax_nodes(tmp_path, rng):
     np.testing.assert_allclose(optimized(x=x)["out"], model.serve(x)["out"], rtol=1e-6, atol=1e-7)
     graph_ops = {n.op for f in optimized.graph.as_graph_def().library.function for n in f.node_def}
     assert "DietcodeSoftmax" in graph_ops and not {"Softmax", "_MklSoftmax"} & graph_ops
+
+
+def test_optimize_drops_a_scalar_added_to_the_logits(tmp_path, rng):
+    """softmax(x + c) = softmax(x): Hugging Face's TF models add 1e-9 before every softmax; the Add goes
+    where the scalar is fixed and the sum read only by the Softmax, and stays otherwise."""
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 3, None, None], tf.float32, name="x")])
+        def serve(self, x):
+            shared = x + 2.0  # read twice: stays
+            return {"out": tf.nn.softmax(x + 1e-9) + tf.nn.softmax(7.5 + x * 3.0) + tf.nn.softmax(shared) + shared,
+                    "broadcast": tf.nn.softmax(x[0, 0] + tf.constant(0.5, shape=[1, 1, 1]))}  # the rank grows: stays
+
+    model = Model()
+    tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
+    report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", shape_ranges={"x": [(1, 2), 3, (1, 9), (1, 9)]})
+    assert report.found[softmax.SHIFTED_FORM] == report.fused[softmax.SHIFTED_FORM] == 2
+    assert report.found[softmax.FORM] == report.fused[softmax.FORM] == 2
+    original, optimized = (tf.saved_model.load(str(tmp_path / name)).signatures["serving_default"]
+                           for name in ("in", "out"))
+
+    def adds(signature) -> int:
+        return sum(n.op in ("Add", "AddV2") for f in signature.graph.as_graph_def().library.function
+                   for n in f.node_def)
+
+    assert adds(optimized) == adds(original) - 2
+    for shape in [(1, 3, 1, 1), (2, 3, 7, 5), (2, 3, 9, 9)]:
+        x = rng.uniform(-3, 3, shape).astype(np.float32)
+        expected, actual = model.serve(x), optimized(x=x)
+        for name in expected:
+            np.testing.assert_allclose(actual[name], expected[name], rtol=1e-6, atol=1e-6, err_msg=name)

@@ -1,7 +1,8 @@
 """One optimize() pass on BERT-base, the model with it against the model without, paired by round
 with an A/A control.
 
-    python -m bench.studies.rewrite_passes PASS [--quick] [--without DIR --with DIR] [--out bench/results/PASS]
+    python -m bench.studies.rewrite_passes PASS [--quick] [--family keras] [--without DIR --with DIR]
+                                                [--out bench/results/PASS]
 
 PASS is an optimize() switch: horizontal_fusion (Q/K/V as one GEMM, off by
 default) or layer_norm_fusion (each layer norm as one DietcodeLayerNorm, on by
@@ -19,7 +20,7 @@ lies below 1.
 
 --without and --with take two optimized BERT-base SavedModels tuned from one
 database (bench.bert_base writes such a pair for horizontal_fusion); without
-them both are built here the same way. Outputs are checked against each other
+them both are built here the same way, of a bench.bert_base family (--family). Outputs are checked against each other
 at every cell. Writes PASS.csv and PASS.png.
 """
 
@@ -38,7 +39,7 @@ import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
 
-from bench import bert_base, cli, encoder, report, timing  # noqa: E402
+from bench import bert_base, cli, report, timing  # noqa: E402
 
 SECONDS_PER_CELL = 45.0
 QUICK_SECONDS_PER_CELL = 8.0
@@ -50,18 +51,19 @@ def verdict(low: float, high: float) -> str:
     return "slower" if high < 1 else "faster" if low > 1 else "within noise"
 
 
-def build_models(rewrite_pass: str, out: pathlib.Path, batches: list[int], quick: bool) -> dict[str, pathlib.Path]:
-    """BERT-base exported and optimized with and without the pass from one tuning database, as
+def build_models(rewrite_pass: str, family: bert_base.Family, out: pathlib.Path, batches: list[int],
+                 quick: bool) -> dict[str, pathlib.Path]:
+    """The family exported and optimized with and without the pass from one tuning database, as
     bench.bert_base does."""
     original = out / "original"
     shutil.rmtree(original, ignore_errors=True)
-    encoder.build(bert_base.MODEL).export(str(original), verbose=False)
+    family.export(original)
     for name, on in VARIANTS.items():
-        bert_base.optimize(original, out / name, batches, quick, out, **{rewrite_pass: on})
+        bert_base.optimize(original, out / name, family, batches, quick, out, **{rewrite_pass: on})
     return {name: out / name for name in VARIANTS}
 
 
-def agree(outputs: dict[str, np.ndarray]) -> None:
+def agree(outputs: dict[str, bert_base.Outputs]) -> None:
     tolerance = bert_base.TOLERANCE["dietcode"]
     for name in ("with", "without_again"):
         np.testing.assert_allclose(outputs[name], outputs["without"], rtol=tolerance, atol=tolerance, err_msg=name)
@@ -94,18 +96,21 @@ def main(argv=None):
     parser.add_argument("rewrite_pass", choices=PASSES, metavar="PASS", help=" or ".join(PASSES))
     for name in VARIANTS:
         parser.add_argument(f"--{name}", type=pathlib.Path, help=f"an optimized BERT-base SavedModel {name} the pass")
+    parser.add_argument("--family", choices=list(bert_base.FAMILIES), default="keras")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     args = parser.parse_args(argv)
+    family = bert_base.FAMILIES[args.family]
     args.out = args.out or pathlib.Path("bench/results") / args.rewrite_pass
     args.out.mkdir(parents=True, exist_ok=True)
     given = {name: getattr(args, name) for name in VARIANTS}
     if None in given.values() and any(given.values()):
         parser.error("--without and --with go together")
-    paths = given if all(given.values()) else build_models(args.rewrite_pass, args.out, args.batches, args.quick)
+    paths = (given if all(given.values())
+             else build_models(args.rewrite_pass, family, args.out, args.batches, args.quick))
     tf_dietcode.load_op_library()
     models = {name: tf.saved_model.load(str(path)) for name, path in paths.items()}
     signatures = {name: model.signatures["serving_default"] for name, model in models.items()}
-    calls = {name: bert_base.output_call(signature) for name, signature in signatures.items()}
+    calls = {name: bert_base.output_call(signature, family) for name, signature in signatures.items()}
     calls["without_again"] = calls["without"]
     budget = QUICK_SECONDS_PER_CELL if args.quick else SECONDS_PER_CELL
     rng = np.random.default_rng(0)
@@ -113,13 +118,13 @@ def main(argv=None):
     print(f"{'batch':>5s} {'T':>4s} {'rounds':>6s} {'without/with':>24s} {'A/A':>24s}")
     for batch in args.batches:
         for t in cli.sequence_lengths(args.quick):
-            ids = bert_base.token_ids(batch, t)
-            samples = timing.block_seconds({name: (lambda call=call: call(ids)) for name, call in calls.items()},
+            feed = family.feed(batch, t)
+            samples = timing.block_seconds({name: (lambda call=call: call(feed)) for name, call in calls.items()},
                                            budget_seconds=budget, check=agree)
             cell = {}
             for pair in ("with", "without_again"):
                 ratio, low, high = timing.median_ratio_interval(samples["without"], samples[pair], rng)
-                cell[pair] = {"workload": f"{bert_base.MODEL.name}_batch{batch}", "T": t, "pair": pair,
+                cell[pair] = {"workload": f"{family.name}_batch{batch}", "T": t, "pair": pair,
                               "rounds": len(samples[pair]), "ms": 1e3 * float(np.median(samples[pair])),
                               "without_ms": 1e3 * float(np.median(samples["without"])),
                               "ratio": ratio, "low": low, "high": high, "verdict": verdict(low, high)}

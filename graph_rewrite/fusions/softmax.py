@@ -4,11 +4,17 @@ DietcodeSoftmax.
 Why: with oneDNN on, TF runs Softmax as _MklSoftmax, 45-70 us a call even for
 BERT-base's [1, 12, 1, 1] at batch 1, where DietcodeSoftmax takes 3-10 us
 (ops/softmax_kernel.cc; measured in docs/decisions.md).
+
+softmax(x + c) = softmax(x) for a scalar c: a fixed scalar added to the logits
+and read only by the Softmax is dropped (Hugging Face's TF models add 1e-9
+before every softmax, transformers' stable_softmax; one elementwise pass over
+the attention scores per layer).
 """
 
 import dataclasses
 import functools
 
+import numpy as np
 import tensorflow as tf
 
 from tf_dietcode import ops
@@ -18,6 +24,7 @@ from tf_dietcode.graph_rewrite.fusions.contract import Binding, Found, Fusion, R
 from tf_dietcode.graph_rewrite.splice import scratch_graph
 
 FORM = "softmax"
+SHIFTED_FORM = "softmax (of logits + a scalar)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,8 +35,24 @@ class SoftmaxMatch:
 
 
 def find(index: GraphIndex) -> list[SoftmaxMatch]:
-    return [SoftmaxMatch(tensor_name(node.input[0]), f"{node.name}:0") for node in index.nodes.values()
+    return [_unshifted(index, node) for node in index.nodes.values()
             if node.op == "Softmax" and node.attr["T"].type == tf.float32.as_datatype_enum]
+
+
+def _unshifted(index: GraphIndex, softmax) -> SoftmaxMatch:
+    """The match of a Softmax node: reading x where its input is x + c (c a fixed finite scalar that
+    does not broadcast x to a higher rank, the sum read only by the Softmax), else its input."""
+    logits, output = tensor_name(softmax.input[0]), f"{softmax.name}:0"
+    shift = index.producer(logits)
+    if shift.op not in ("Add", "AddV2") or index.sole_consumer(logits) is not softmax:
+        return SoftmaxMatch(logits, output)
+    operands = [tensor_name(i) for i in shift.input]
+    for x, c in (operands, operands[::-1]):
+        value, shape = index.value(c), index.shape(x)
+        if (value is not None and np.size(value) == 1 and np.isfinite(value).all() and index.value(x) is None
+                and shape is not None and np.ndim(value) <= len(shape)):
+            return SoftmaxMatch(x, output, SHIFTED_FORM)
+    return SoftmaxMatch(logits, output)
 
 
 class Softmax(Fusion):
