@@ -5,10 +5,16 @@ import math
 import pathlib
 from collections import defaultdict
 
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+def _pyplot():
+    """matplotlib's pyplot, headless; imported when a plot is drawn, so that the rows' helpers run where
+    only the test requirements are installed (matplotlib is the [bench] extra's)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def write_csv(rows: list[dict], path: pathlib.Path) -> None:
@@ -54,7 +60,7 @@ def plot_by_t(rows, path: pathlib.Path, title: str, baseline: str = "TF",
     workloads = sorted({r["workload"] for r in rows})
     columns = min(3, len(workloads))
     grid_rows = -(-len(workloads) // columns)
-    figure, axes = plt.subplots(2 * grid_rows, columns, squeeze=False, figsize=(5 * columns, 5.6 * grid_rows),
+    figure, axes = _pyplot().subplots(2 * grid_rows, columns, squeeze=False, figsize=(5 * columns, 5.6 * grid_rows),
                                 layout="constrained")  # room for the suptitle, which tight_layout overlaps
 
     def panels(index: int):  # a workload's latency panel and, below it, its speed-up panel
@@ -86,12 +92,12 @@ def save(figure, path: pathlib.Path, title: str | None = None) -> None:
     if title is not None:
         figure.suptitle(title)
     figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _pyplot().close(figure)
 
 
 def tuning_seconds_bars(seconds: dict[str, float], path: pathlib.Path, title: str) -> None:
     """One bar per tuning method (log scale, labelled), for a cost that spans seconds to hours."""
-    figure, axis = plt.subplots(figsize=(7, 3.6))
+    figure, axis = _pyplot().subplots(figsize=(7, 3.6))
     bars = axis.bar(list(seconds), list(seconds.values()), color=[f"C{i}" for i in range(len(seconds))])
     axis.bar_label(bars, labels=[_duration(v) for v in seconds.values()], fontsize=8)
     axis.set_yscale("log")
