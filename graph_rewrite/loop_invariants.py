@@ -20,16 +20,19 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 
+from tf_dietcode.coverage import PRODUCTS
 from tf_dietcode.graph_rewrite import bodies as body_graphs
 from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, node_name, tensor_name
 from tf_dietcode.graph_rewrite.analysis.signature_graph import SignatureGraph
 
-PRODUCTS = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"}
+LOOPS = {op for op, kind in body_graphs.CALLS.items() if kind.loop}
 
 
 def hoist(graph: SignatureGraph, captured_values: dict[str, np.ndarray]) -> tuple[SignatureGraph, list[str]]:
     """The signature with its loops' invariant products computed before them, and a note per loop;
     captured_values: placeholder -> the value of the variable it captures (for static shapes)."""
+    if not any(n.op in LOOPS for n in graph.graph_def.node):
+        return graph, []  # no loop: no import of the graph
     graph_def = tf.compat.v1.GraphDef()
     graph_def.CopyFrom(graph.graph_def)
     top = [body for body in body_graphs.find(graph_def, GraphIndex(graph_def, captured_values))
@@ -51,7 +54,7 @@ def hoist(graph: SignatureGraph, captured_values: dict[str, np.ndarray]) -> tupl
             value = body_graphs.Threaded(f"dietcode_invariant_{len(notes)}_{i}", _dtype(body, tensor),
                                          lambda c=copy: c, shape=None if shape is None else tuple(shape))
             _read_from(body_def, tensor, get(value))
-        products = sorted({n for t in hoisted for n in _cone(body, body_def, t) if _op(body, n) in PRODUCTS})
+        products = sorted({n for t in hoisted for n in _cone(body, t) if _op(body, n) in PRODUCTS})
         notes.append(f"{body.where}: {', '.join(products)} do not change across iterations: computed once "
                      "before the loop")
         return body_graphs.Edited()
@@ -71,14 +74,14 @@ def _hoistable(body, body_def) -> list[str]:
             tensor = tensor_name(source)
             if source.startswith("^") or node_name(source) not in invariant or tensor in frontier:
                 continue
-            if any(_op(body, n) in PRODUCTS for n in _cone(body, body_def, tensor)):
+            if any(_op(body, n) in PRODUCTS for n in _cone(body, tensor)):
                 frontier.append(tensor)
     return frontier
 
 
 def _invariant_nodes(body, body_def) -> set[str]:
     """Nodes whose values are the same at every iteration (arguments passed through included)."""
-    nodes = {n.name: n for n in body_def.node}
+    nodes = body.index.nodes
     passed = {name for name, output in zip(body.arguments, body.outputs)
               if body_graphs.source_node(body_def, output) == name}
     writes = any(_stateful(n) and n.op != "ReadVariableOp" for n in body_def.node)
@@ -97,9 +100,9 @@ def _invariant_nodes(body, body_def) -> set[str]:
     return invariant
 
 
-def _cone(body, body_def, tensor: str) -> set[str]:
-    """The nodes of the body that compute `tensor` (its arguments excluded)."""
-    nodes = {n.name: n for n in body_def.node}
+def _cone(body, tensor: str) -> set[str]:
+    """The nodes of the body that compute `tensor` (its arguments excluded), as the body was found."""
+    nodes = body.index.nodes
     cone, pending = set(), [node_name(tensor)]
     while pending:
         name = pending.pop()
@@ -123,7 +126,7 @@ def _copy_out(graph_def, body, loop, tensor: str) -> str:
             return f"^{node_name(arguments[name])}" if control else arguments[name]
         return f"^{prefix}/{name}" if control else f"{prefix}/{source}"
 
-    for name in sorted(_cone(body, body.graph_def, tensor)):
+    for name in sorted(_cone(body, tensor)):
         if f"{prefix}/{name}" in taken:
             continue
         node = graph_def.node.add()

@@ -54,13 +54,20 @@ def sink(graph_def: tf.compat.v1.GraphDef, captured_values: dict[str, np.ndarray
     read from outside graph_def (function outputs), whose producers must stay as they are.
     Returns the ops that now compute only the kept rows."""
     moved: list[str] = []
-    while True:
+    while _has_candidate(graph_def):  # else no import of the graph (the gate rewrites BERT-size graphs often)
         index = GraphIndex(graph_def, captured_values)
         live = bodies.needed_nodes(graph_def, list(keep), [])  # spliced-out nodes still read what they read
         step = _next_move(graph_def, index, {tensor_name(t) for t in keep}, live)
         if step is None:
-            return moved
+            break
         moved.append(_move(graph_def, index, *step))
+    return moved
+
+
+def _has_candidate(graph_def) -> bool:
+    """Whether a StridedSlice reads the output of a row-wise op (what could move)."""
+    ops = {n.name: n.op for n in graph_def.node}
+    return any(n.op == "StridedSlice" and ops.get(n.input[0].split(":")[0]) in ROW_WISE for n in graph_def.node)
 
 
 def _next_move(graph_def, index: GraphIndex, keep: set[str], live: set[str]):
