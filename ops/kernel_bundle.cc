@@ -4,6 +4,7 @@
 #include <elf.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -144,6 +145,12 @@ std::unique_ptr<TunedWorkload> ParseWorkload(const json::Object& entry,
   workload->transpose_b = Field<bool>(key, "transpose_b");
   workload->bias = Field<bool>(key, "bias");
   workload->activation = ActivationNamed(Field<String>(key, "activation"));
+  for (const char* dim : {"b", "m", "n", "k"}) {
+    const auto range = Field<json::Object>(key, dim);
+    const int64_t lo = Field<int64_t>(range, "lo"), hi = Field<int64_t>(range, "hi");
+    if (lo > hi) Reject(absl::StrCat("workload range of ", dim, " is empty"));
+    workload->shapes *= static_cast<double>(hi - lo + 1);
+  }
   if (workload->kind == TunedKind::kDense) {
     if (key.count(String("groups"))) {  // keys carry groups only where > 1
       workload->groups = Field<int64_t>(key, "groups");
@@ -277,22 +284,28 @@ void KernelBundle::Load() {
     for (const auto& entry : Field<json::Array>(manifest, "workloads")) {
       workloads_.push_back(ParseWorkload(entry.cast<json::Object>(), module, handle));
     }
+    for (const auto& workload : workloads_) narrowest_first_.push_back(workload.get());
+    std::stable_sort(narrowest_first_.begin(), narrowest_first_.end(),
+                     [](const TunedWorkload* a, const TunedWorkload* b) {
+                       return a->shapes < b->shapes;
+                     });
     hooks_ = FindBackendHooks(handle);
   } catch (const std::exception& e) {
     problem_ = e.what();
     workloads_.clear();
+    narrowest_first_.clear();
   }
 }
 
 KernelBundle::Choice KernelBundle::Choose(const TunedCall& call) const {
-  for (const auto& workload : workloads_) {
+  for (const TunedWorkload* workload : narrowest_first_) {
     if (!workload->Computes(call)) continue;
     const int64_t kernel = workload->dispatch(call.dims[kB], call.dims[kM],
                                               call.dims[kN], call.dims[kK]);
     if (kernel >= 0 &&
         kernel < static_cast<int64_t>(workload->kernels.size())) {
       workload->calls[kernel].fetch_add(1, std::memory_order_relaxed);
-      return {workload.get(), kernel};
+      return {workload, kernel};
     }
   }
   CountGenericCall();

@@ -63,6 +63,7 @@ struct TunedWorkload {
   bool packed = false;  // dense: weight pre-packed (else read in place, [K, N])
   int64_t packed_blocks = 0, packed_tile_n = 0;
   int64_t groups = 1;  // dense: layers side by side, output [groups, M, N / groups]
+  double shapes = 1;  // how many (b, m, n, k) its tuned ranges hold
   DispatchFn dispatch = nullptr;  // -1 outside the tuned ranges
   std::vector<tvm::ffi::Function> kernels;
   std::vector<std::string> kernel_names;
@@ -85,8 +86,10 @@ class KernelBundle {
     const TunedWorkload* workload = nullptr;  // null: use the generic kernel
     int64_t kernel = -1;
   };
-  // The first workload that computes `call` and whose tree covers its dims.
-  // Counts the choice (a generic call when none fits).
+  // The workload tuned for the narrowest range (fewest shapes) among those
+  // that compute `call` and whose tree covers its dims: a loop's products
+  // tuned for M = 4..32 are not served by a model's M = 1..512 workload of
+  // the same layer shape. Counts the choice (a generic call when none fits).
   Choice Choose(const TunedCall& call) const;
 
   // Counts a call that no tuned workload could compute as planned.
@@ -112,7 +115,8 @@ class KernelBundle {
 
   std::string path_;
   std::string problem_;
-  std::vector<std::unique_ptr<TunedWorkload>> workloads_;
+  std::vector<std::unique_ptr<TunedWorkload>> workloads_;  // manifest order
+  std::vector<const TunedWorkload*> narrowest_first_;
   BackendHooks hooks_;
   mutable std::atomic<int64_t> generic_calls_{0};
   mutable std::atomic<int64_t> pool_use_calls_[3] = {};  // by PoolUse

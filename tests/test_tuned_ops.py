@@ -246,3 +246,30 @@ def test_calls_use_the_pool_by_their_size_and_the_recent_calls(tmp_path, rng):
         assert pool_use(1) == "calling_thread_calls"
     assert [pool_use(m) for m in (64, 512, 2048, 64, 1)] == [
         "launcher_joined_calls", "launcher_joined_calls", "pool_calls", "pool_calls", "calling_thread_calls"]
+
+
+def test_a_call_runs_the_workload_tuned_for_the_narrowest_range_that_holds_it(tmp_path, rng):
+    """A decoder's loop tunes its layers for M = 4..32 beside the encoder's M = 1..512
+    of the same layer shape: a call inside both ranges runs the narrower one's kernels,
+    whatever the manifest's order; outside it, the wider one's."""
+    from conftest import SEED, shared_database
+    from tf_dietcode.tuning import search
+    from tf_dietcode.tuning.tune import tune
+    from tf_dietcode.tuning.workload import Workload
+
+    path = tmp_path / "bundle"
+    layer = dict(bias=True, activation="relu", weight_layout="in_place")
+    report = tune([Workload("dense", (1, 40), 48, 24, **layer), Workload("dense", (4, 12), 48, 24, **layer)], path,
+                  options=search.SearchOptions(trials=4, batch=4, samples=3, seed=SEED % 1000),
+                  database=shared_database(),
+                  progress=False)
+    w, b = random_tensor(rng, (48, 24)), random_tensor(rng, (48,))
+    weight, packed_n = weight_operand(report, w)
+    assert packed_n == 0
+    for m in range(1, 46):
+        x = random_tensor(rng, (m, 24))
+        out, used = kernel_used(path, lambda: ops.fused_matmul(x, weight, b, activation="relu",
+                                                               bundle=str(path)).numpy())
+        workload = 1 if 4 <= m <= 12 else 0
+        assert used == expected_kernel(report, workload, {"m": m, "n": 48, "k": 24}), m
+        assert_matches_reference(out, reference.fused_matmul, [x, w.T, b], activation="relu")
