@@ -1,4 +1,4 @@
-"""DietcodeSoftmax against a float64 softmax and TF's own: fresh random inputs,
+"""DietcodeSoftmax (and its log softmax) against a float64 softmax and TF's own: fresh random inputs,
 edge shapes (rows of every tail length, blocks of rows split over the intra-op
 pool), masked and extreme logits, gradients, bad input as clear errors; and
 optimize() putting it in place of TF's Softmax nodes."""
@@ -28,6 +28,23 @@ def test_matches_a_float64_softmax(rng, shape):
     np.testing.assert_allclose(got, _float64_softmax(x), rtol=2e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("shape", [(1, 12, 1, 1), (32, 8000), (2, 12, 17, 17), (1,), (7, 1), (3, 4097), (300, 13),
+                                   (0, 8), (2, 0, 5)])
+def test_log_softmax_matches_a_float64_log_softmax(rng, shape):
+    x = (rng.normal(size=shape) * rng.uniform(0.1, 30, shape[:-1] + (1,))
+         + rng.uniform(-100, 100, shape[:-1] + (1,))).astype(np.float32)
+    got = ops.softmax(x, log=True).numpy()
+    assert got.shape == x.shape
+    expected = np.log(np.maximum(_float64_softmax(x), 1e-300))
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=2e-5)
+    np.testing.assert_allclose(got, tf.nn.log_softmax(x).numpy(), rtol=2e-6, atol=2e-5)
+
+
+def test_log_softmax_of_masked_and_extreme_logits_as_tf():
+    x = np.array([[0.0, -np.inf, 1.0], [-1e30, 0.0, 1e30], [88.0, 89.0, -200.0], [-1e9, -1e9, 3.0]], np.float32)
+    np.testing.assert_allclose(ops.softmax(x, log=True).numpy(), tf.nn.log_softmax(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
 def test_masked_and_extreme_logits():
     """As TF for masks and extremes; a NaN makes its row NaN, as in numpy (oneDNN's softmax keeps the
     row's other elements finite)."""
@@ -45,12 +62,13 @@ def test_gradient_and_shape_inside_tf_function(rng):
     assert traced.get_concrete_function().outputs[0].shape.as_list() == [None, None, 9]
     weights = tf.constant(rng.normal(size=(2, 5, 9)).astype(np.float32))
     grads = []
-    for softmax in (ops.softmax, tf.nn.softmax):
+    for softmax in (ops.softmax, tf.nn.softmax, lambda v: ops.softmax(v, log=True), tf.nn.log_softmax):
         with tf.GradientTape() as tape:
             tape.watch(x)
             loss = tf.reduce_sum(softmax(x) * weights)
         grads.append(tape.gradient(loss, x))
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grads[2], grads[3], rtol=1e-5, atol=1e-5)
 
 
 def test_bad_input_is_a_clear_error():
@@ -61,22 +79,24 @@ def test_bad_input_is_a_clear_error():
 
 
 def test_optimize_replaces_softmax_nodes(tmp_path, rng):
-    """A model with nothing to tune: the Softmax nodes still become ours, in every signature."""
+    """A model with nothing to tune: the Softmax and LogSoftmax nodes still become ours, in every signature."""
     class Model(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None, None, 5], tf.float32, name="x")])
         def serve(self, x):
-            return {"out": tf.nn.softmax(x * 3.0) + tf.nn.softmax(x)}
+            return {"out": tf.nn.softmax(x * 3.0) + tf.nn.softmax(x), "log": tf.nn.log_softmax(x + 2.0)}
 
     model = Model()
     tf.saved_model.save(model, str(tmp_path / "in"), signatures={"serving_default": model.serve})
     report = tf_dietcode.optimize(tmp_path / "in", tmp_path / "out", shape_ranges={"x": [(1, 2), (1, 9), 5]})
     assert report.found["softmax"] == report.fused["softmax"] == 2
+    assert report.found["log softmax (of logits + a scalar)"] == report.fused["log softmax (of logits + a scalar)"] == 1
     assert "softmax: 2 / 2" in report.summary()
     optimized = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
     x = rng.uniform(-3, 3, (2, 7, 5)).astype(np.float32)
-    np.testing.assert_allclose(optimized(x=x)["out"], model.serve(x)["out"], rtol=1e-6, atol=1e-7)
+    for name, expected in model.serve(x).items():
+        np.testing.assert_allclose(optimized(x=x)[name], expected, rtol=1e-6, atol=1e-6, err_msg=name)
     graph_ops = {n.op for f in optimized.graph.as_graph_def().library.function for n in f.node_def}
-    assert "DietcodeSoftmax" in graph_ops and not {"Softmax", "_MklSoftmax"} & graph_ops
+    assert "DietcodeSoftmax" in graph_ops and not {"Softmax", "_MklSoftmax", "LogSoftmax"} & graph_ops
 
 
 def test_optimize_drops_a_scalar_added_to_the_logits(tmp_path, rng):

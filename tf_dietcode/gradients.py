@@ -60,7 +60,7 @@ def _layer_norm_gradient(op, grad):
 
 @tf.RegisterGradient("DietcodeSoftmax")
 def _softmax_gradient(op, grad):
-    return _vjp(tf.nn.softmax, list(op.inputs), grad)
+    return _vjp(tf.nn.log_softmax if op.get_attr("log") else tf.nn.softmax, list(op.inputs), grad)
 
 
 def _inference_only(op, grad):

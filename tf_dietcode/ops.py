@@ -103,10 +103,10 @@ def layer_norm(x: TensorLike, gamma: TensorLike, beta: TensorLike, *, residual: 
         residual=[] if residual is None else [_float32(residual, "residual")], epsilon=epsilon, name=name)
 
 
-def softmax(logits: TensorLike, *, name: str | None = None) -> tf.Tensor:
-    """tf.nn.softmax over the last axis, in one op of ours (TF's oneDNN softmax has a
-    large fixed cost per call)."""
-    return load_op_library().dietcode_softmax(logits=_float32(logits, "logits"), name=name)
+def softmax(logits: TensorLike, *, log: bool = False, name: str | None = None) -> tf.Tensor:
+    """tf.nn.softmax (log: tf.nn.log_softmax) over the last axis, in one op of ours (TF's
+    oneDNN softmax has a large fixed cost per call, its LogSoftmax a slow one per element)."""
+    return load_op_library().dietcode_softmax(logits=_float32(logits, "logits"), log=log, name=name)
 
 
 def bundle_stats(bundle: str) -> dict:

@@ -1,12 +1,13 @@
-"""Softmax as our op: TF's Softmax node (float32, over the last axis) becomes one
-DietcodeSoftmax.
+"""Softmax as our op: TF's Softmax and LogSoftmax nodes (float32, over the last
+axis) become one DietcodeSoftmax each (log=True for LogSoftmax).
 
 Why: with oneDNN on, TF runs Softmax as _MklSoftmax, 45-70 us a call even for
 BERT-base's [1, 12, 1, 1] at batch 1, where DietcodeSoftmax takes 3-10 us
-(ops/softmax_kernel.cc; measured in docs/decisions.md).
+(ops/softmax_kernel.cc; measured in docs/decisions.md). TF's LogSoftmax took
+350 us a call on a beam search's [32, 8000] log probabilities, ours 30-40 us.
 
-softmax(x + c) = softmax(x) for a scalar c: a fixed scalar added to the logits
-and read only by the Softmax is dropped (Hugging Face's TF models add 1e-9
+softmax(x + c) = softmax(x) for a scalar c (log softmax too): a fixed scalar
+added to the logits and read only by the Softmax is dropped (Hugging Face's TF models add 1e-9
 before every softmax, transformers' stable_softmax; one elementwise pass over
 the attention scores per layer).
 """
@@ -23,36 +24,42 @@ from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
 from tf_dietcode.graph_rewrite.fusions.contract import Binding, Found, Fusion, Replacement, Switches
 from tf_dietcode.graph_rewrite.splice import scratch_graph
 
-FORM = "softmax"
-SHIFTED_FORM = "softmax (of logits + a scalar)"
+FORMS = {"Softmax": "softmax", "LogSoftmax": "log softmax"}  # by the TF op
+SHIFTED = " (of logits + a scalar)"
+FORM, SHIFTED_FORM = FORMS["Softmax"], FORMS["Softmax"] + SHIFTED
 
 
 @dataclasses.dataclass(frozen=True)
 class SoftmaxMatch:
     x: str
     output: str
-    form: str = FORM
+    log: bool = False
+    shifted: bool = False
+
+    @property
+    def form(self) -> str:
+        return FORMS["LogSoftmax" if self.log else "Softmax"] + (SHIFTED if self.shifted else "")
 
 
 def find(index: GraphIndex) -> list[SoftmaxMatch]:
     return [_unshifted(index, node) for node in index.nodes.values()
-            if node.op == "Softmax" and node.attr["T"].type == tf.float32.as_datatype_enum]
+            if node.op in FORMS and node.attr["T"].type == tf.float32.as_datatype_enum]
 
 
 def _unshifted(index: GraphIndex, softmax) -> SoftmaxMatch:
     """The match of a Softmax node: reading x where its input is x + c (c a fixed finite scalar that
     does not broadcast x to a higher rank, the sum read only by the Softmax), else its input."""
-    logits, output = tensor_name(softmax.input[0]), f"{softmax.name}:0"
+    logits, output, log = tensor_name(softmax.input[0]), f"{softmax.name}:0", softmax.op == "LogSoftmax"
     shift = index.producer(logits)
     if shift.op not in ("Add", "AddV2") or index.sole_consumer(logits) is not softmax:
-        return SoftmaxMatch(logits, output)
+        return SoftmaxMatch(logits, output, log)
     operands = [tensor_name(i) for i in shift.input]
     for x, c in (operands, operands[::-1]):
         value, shape = index.value(c), index.shape(x)
         if (value is not None and np.size(value) == 1 and np.isfinite(value).all() and index.value(x) is None
                 and shape is not None and np.ndim(value) <= len(shape)):
-            return SoftmaxMatch(x, output, SHIFTED_FORM)
-    return SoftmaxMatch(logits, output)
+            return SoftmaxMatch(x, output, log, shifted=True)
+    return SoftmaxMatch(logits, output, log)
 
 
 class Softmax(Fusion):
@@ -65,10 +72,10 @@ class Softmax(Fusion):
         return (match.form,)
 
     def replacement(self, match: SoftmaxMatch, binding: Binding) -> Replacement:
-        return Replacement(_replacement_graph(), {"x": match.x}, [match.output])
+        return Replacement(_replacement_graph(match.log), {"x": match.x}, [match.output])
 
 
 @functools.cache
-def _replacement_graph() -> tf.compat.v1.GraphDef:
-    """One DietcodeSoftmax; placeholder x. The same for every Softmax node."""
-    return scratch_graph(lambda: ops.softmax(tf.compat.v1.placeholder(tf.float32, name="x"), name="out_0"))
+def _replacement_graph(log: bool) -> tf.compat.v1.GraphDef:
+    """One DietcodeSoftmax; placeholder x. The same for every Softmax (or LogSoftmax) node."""
+    return scratch_graph(lambda: ops.softmax(tf.compat.v1.placeholder(tf.float32, name="x"), log=log, name="out_0"))
