@@ -192,6 +192,9 @@ Get = Callable[[Threaded], str]
 class Edited:
     replaced: dict[str, str] = dataclasses.field(default_factory=dict)  # old tensor -> new, for its outputs
     control_outputs: list[str] = dataclasses.field(default_factory=list)  # nodes that must run
+    # A loop body's threaded values that change: key -> the body's tensor for the next iteration
+    # (the others pass through unchanged).
+    carried: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 # An edit of one body: (body, its graph_def to edit, get) -> what it changed; None where it left it alone.
@@ -253,6 +256,7 @@ class _EditedBody:
     outputs: list[str]
     threaded: dict[str, Threaded]          # by key, in the order the body asked for them
     control_outputs: list[str]
+    carried: dict[str, str] = dataclasses.field(default_factory=dict)  # as Edited.carried
 
     @staticmethod
     def unchanged(body: Body) -> "_EditedBody":
@@ -267,7 +271,7 @@ class _EditedBody:
             _placeholder(self.graph_def, value)
         self.graph_def.library.CopyFrom(library)
         return _function_def(body, self.graph_def, self.outputs, [v.key for v in threaded], passes_through,
-                             self.control_outputs, name)
+                             self.control_outputs, name, self.carried)
 
 
 def _edited_body(body: Body, bodies: list[Body], edit: Edit, suffix: str, library, changed: list[Body],
@@ -284,6 +288,7 @@ def _edited_body(body: Body, bodies: list[Body], edit: Edit, suffix: str, librar
     if result is not None:
         state.outputs = [result.replaced.get(t, t) for t in state.outputs]
         state.control_outputs = result.control_outputs
+        state.carried = result.carried
     nested = _rewrite_calls(state.graph_def, body.path, bodies, edit, get, suffix, library, changed,
                             replaced_functions)
     if result is None and not nested:
@@ -322,9 +327,10 @@ def _add_arguments(node, kind: CallKind, threaded: list[Threaded], get: Get) -> 
 
 
 def _function_def(body: Body, graph_def, outputs: list[str], extra: list[str], passes_through: bool,
-                  control_outputs: list[str], name: str):
+                  control_outputs: list[str], name: str, carried: dict[str, str]):
     """graph_def as the FunctionDef `name`: the body's arguments then `extra`, its outputs (then
-    `extra` again for a loop's body), its control outputs and attrs, nodes nothing needs left out."""
+    `extra` again for a loop's body, or the tensor `carried` names for one), its control outputs
+    and attrs, nodes nothing needs left out."""
     original = next(f for f in graph_def.library.function if f.signature.name == body.function)
     graph = tf.Graph()
     with graph.as_default():
@@ -333,7 +339,8 @@ def _function_def(body: Body, graph_def, outputs: list[str], extra: list[str], p
     results = [graph.get_tensor_by_name(t) for t in outputs]
     out_names = list(body.output_names)
     if passes_through:
-        results += inputs[len(body.arguments):]
+        results += [graph.get_tensor_by_name(carried[key]) if key in carried else value
+                    for key, value in zip(extra, inputs[len(body.arguments):])]
         out_names += [f"{key}_out" for key in extra]
     controls = list(original.control_ret.values()) + control_outputs
     kept = needed_nodes(graph_def, [t.name for t in results], controls)

@@ -63,6 +63,14 @@ def _softmax_gradient(op, grad):
     return _vjp(tf.nn.log_softmax if op.get_attr("log") else tf.nn.softmax, list(op.inputs), grad)
 
 
+@tf.RegisterGradient("DietcodeReorderAppend")
+def _reorder_append_gradient(op, grad):
+    axis = op.get_attr("axis")
+    cache, rows, entries = op.inputs
+    grads = _vjp(lambda c, e: reference.reorder_append(c, rows, e, axis=axis), [cache, entries], grad)
+    return [grads[0], None, grads[1]]
+
+
 def _inference_only(op, grad):
     raise LookupError(f"{op.type} reads int8 or bfloat16 weights converted for inference "
                       "and has no gradient; differentiate the float32 model instead")

@@ -109,6 +109,15 @@ def softmax(logits: TensorLike, *, log: bool = False, name: str | None = None) -
     return load_op_library().dietcode_softmax(logits=_float32(logits, "logits"), log=log, name=name)
 
 
+def reorder_append(cache: TensorLike, rows: TensorLike, new_entries: TensorLike, *, axis: int,
+                   name: str | None = None) -> tf.Tensor:
+    """tf.concat([tf.gather(cache, rows), new_entries], axis) in one copy: a beam search's cache
+    reordered by the chosen beams' parents and this step's keys or values appended (axis >= 1)."""
+    return load_op_library().dietcode_reorder_append(
+        cache=_float32(cache, "cache"), rows=_typed(rows, tf.int32, "rows"),
+        new_entries=_float32(new_entries, "new_entries"), axis=axis, name=name)
+
+
 def bundle_stats(bundle: str) -> dict:
     """How this process uses a kernel bundle: "problem" (why it is not used,
     "" when it is), calls per tuned kernel of each workload, generic calls, and

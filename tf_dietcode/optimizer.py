@@ -28,7 +28,7 @@ import tensorflow as tf
 from tf_dietcode import bundle_store, control_flow, endpoints, output_check, serving_warmup
 from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.coverage import Coverage
-from tf_dietcode.graph_rewrite import fusions, loop_invariants, slice_sinking, splice
+from tf_dietcode.graph_rewrite import cache_reorder, fusions, loop_invariants, slice_sinking, splice
 from tf_dietcode.graph_rewrite.analysis import loop_ranges, shape_ranges, signature_graph
 from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, node_name
 from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
@@ -616,7 +616,8 @@ class Converter:
         moved = slice_sinking.sink(graph_def, self._indexes[graph.key].captured_values, set(outputs.values()))
         body_spliced, row_notes = control_flow.rewrite(graph_def, self._bodies[graph.key], binding, body_kernels)
         spliced += body_spliced
-        row_notes = ([slice_sinking.note(graph.key, moved)] if moved else []) + row_notes
+        row_notes = ([slice_sinking.note(graph.key, moved)] if moved else []) + row_notes + [
+            f"{graph.key} in {note}" for note in cache_reorder.defer(graph_def, self._indexes[graph.key].captured_values)]
         self.report.notes += [note for note in row_notes if note not in self.report.notes]  # the gate rewrites again
         return signature_graph.SignatureGraph(graph.key, graph.input_specs, graph.input_tensors, outputs,
                                               captures, graph_def).read_captures()

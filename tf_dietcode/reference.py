@@ -64,3 +64,8 @@ def layer_norm(x, gamma, beta, *, epsilon=1e-3):
     """Keras' LayerNormalization over the last axis."""
     mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
     return (x - mean) * tf.math.rsqrt(variance + epsilon) * gamma + beta
+
+
+def reorder_append(cache, rows, new_entries, *, axis):
+    """A beam search's cache step: the cache's rows reordered, the new entries appended along axis."""
+    return tf.concat([tf.gather(cache, rows), new_entries], axis=axis)
