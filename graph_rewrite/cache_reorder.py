@@ -33,6 +33,14 @@ def defer(graph_def: tf.compat.v1.GraphDef, captured_values: dict[str, np.ndarra
     captured_values: placeholder -> the value of the variable it captures (for static values)."""
     if not any(n.op in LOOPS for n in graph_def.node):
         return []  # no loop: no import of the graph
+    with tf.Graph().as_default():  # the rewritten functions, which the eager context lacks, for nested calls
+        library = tf.compat.v1.GraphDef()
+        library.library.CopyFrom(graph_def.library)
+        tf.graph_util.import_graph_def(library, name="")
+        return _defer(graph_def, captured_values)
+
+
+def _defer(graph_def: tf.compat.v1.GraphDef, captured_values: dict[str, np.ndarray]) -> list[str]:
     index = GraphIndex(graph_def, captured_values)
     top = [body for body in body_graphs.find(graph_def, index) if len(body.path) == 1]
     notes = []
