@@ -1,6 +1,7 @@
 """Decoding throughput of Transformer-base translators whose decoder runs in a tf.while_loop.
 
     python -m bench.decoding [--quick] [--batches 1 8] [--decoders greedy beam] [--max-len 64]
+                             [--source-lengths 1 8 17 33 64] [--seconds-per-cell 20]
                              [--model transformer_base] [--out bench/results/decoding]
 
 The decoders of bench/decoders.py at Transformer-base size (d_model 512, 8
@@ -133,12 +134,17 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--decoders", nargs="+", choices=list(BUILDERS), default=list(BUILDERS))
     parser.add_argument("--max-len", type=int, default=None, help="output tokens per sentence (64; quick: 16)")
+    parser.add_argument("--source-lengths", type=int, nargs="+", default=None,
+                        help=f"source lengths timed ({' '.join(map(str, SOURCE_LENGTHS))}; quick: "
+                             f"{' '.join(map(str, QUICK_SOURCE_LENGTHS))})")
+    parser.add_argument("--seconds-per-cell", type=float, default=None,
+                        help=f"timing budget per peer and cell ({SECONDS_PER_CELL:g}; quick: {QUICK_SECONDS_PER_CELL:g})")
     parser.add_argument("--model", choices=list(MODELS), default="transformer_base")
     args = parser.parse_args(argv)
     config = dataclasses.replace(MODELS[args.model], end_bias=NEVER_ENDS)
     max_len = args.max_len or (16 if args.quick else 64)
-    lengths = QUICK_SOURCE_LENGTHS if args.quick else SOURCE_LENGTHS
-    budget = QUICK_SECONDS_PER_CELL if args.quick else SECONDS_PER_CELL
+    lengths = args.source_lengths or (QUICK_SOURCE_LENGTHS if args.quick else SOURCE_LENGTHS)
+    budget = args.seconds_per_cell or (QUICK_SECONDS_PER_CELL if args.quick else SECONDS_PER_CELL)
     args.out.mkdir(parents=True, exist_ok=True)
     rows, unavailable = [], {}
     for name in args.decoders:

@@ -4,7 +4,7 @@ axis) become one DietcodeSoftmax each (log=True for LogSoftmax).
 Why: with oneDNN on, TF runs Softmax as _MklSoftmax, 45-70 us a call even for
 BERT-base's [1, 12, 1, 1] at batch 1, where DietcodeSoftmax takes 3-10 us
 (ops/softmax_kernel.cc; measured in docs/decisions.md). TF's LogSoftmax took
-350 us a call on a beam search's [32, 8000] log probabilities, ours 30-40 us.
+350 us a call on a beam search's [32, 8000] log probabilities.
 
 softmax(x + c) = softmax(x) for a scalar c (log softmax too): a fixed scalar
 added to the logits and read only by the Softmax is dropped (Hugging Face's TF models add 1e-9
