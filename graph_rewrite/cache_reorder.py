@@ -54,21 +54,17 @@ def _defer(graph_def: tf.compat.v1.GraphDef, captured_values: dict[str, np.ndarr
             return None
         edited = body_graphs.Edited()
         nodes = {n.name: n for n in body_def.node}
-        by_rows = collections.defaultdict(list)
-        for cache in caches:
-            by_rows[cache.rows].append(cache)
-        for k, (rows, group) in enumerate(by_rows.items()):
-            key = f"dietcode_parent_rows_{_lower_name(loop.name)}_{k}"
-            first = [i for i in loop.input if not i.startswith("^")][group[0].argument]
-            placeholder = get(body_graphs.Threaded(key, tf.int32, lambda f=first, k=key: _identity_rows(graph_def, f, k),
-                                                   shape=(None,)))
-            edited.carried[key] = rows
-            for cache in group:
-                _reorder_append(nodes[cache.concat], placeholder, cache.axis)
-                if cache.returned is not None:  # the Identity keeps its control inputs
-                    nodes[cache.returned].input[0] = f"{cache.concat}:0"
-                else:
-                    edited.replaced[body.outputs[cache.argument]] = f"{cache.concat}:0"
+        initial = [i for i in loop.input if not i.startswith("^")]
+        for cache in caches:  # rows per cache: each starts from the identity of its own initial rows
+            key = f"dietcode_parent_rows_{_lower_name(loop.name)}_{cache.argument}"
+            placeholder = get(body_graphs.Threaded(
+                key, tf.int32, lambda f=initial[cache.argument], k=key: _identity_rows(graph_def, f, k), shape=(None,)))
+            edited.carried[key] = cache.rows
+            _reorder_append(nodes[cache.concat], placeholder, cache.axis)
+            if cache.returned is not None:  # the Identity keeps its control inputs
+                nodes[cache.returned].input[0] = f"{cache.concat}:0"
+            else:
+                edited.replaced[body.outputs[cache.argument]] = f"{cache.concat}:0"
         notes.append(f"{body.where}: {len(caches)} caches carried unreordered, reordered as the next step "
                      "appends to them (one copy a step instead of two)")
         return edited
