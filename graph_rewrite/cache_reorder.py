@@ -16,14 +16,15 @@ in the signature's graph only.
 """
 
 import collections
-import re
+import functools
 
 import numpy as np
 import tensorflow as tf
 
 from tf_dietcode import ops
 from tf_dietcode.graph_rewrite import bodies as body_graphs
-from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, tensor_name
+from tf_dietcode.graph_rewrite import splice
+from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, node_name, tensor_name
 
 LOOPS = {op for op, kind in body_graphs.CALLS.items() if kind.loop}
 
@@ -31,8 +32,8 @@ LOOPS = {op for op, kind in body_graphs.CALLS.items() if kind.loop}
 def defer(graph_def: tf.compat.v1.GraphDef, captured_values: dict[str, np.ndarray]) -> list[str]:
     """Rewrites graph_def's loops as above, in place; returns a note per loop it changed.
     captured_values: placeholder -> the value of the variable it captures (for static values)."""
-    if not any(n.op in LOOPS for n in graph_def.node):
-        return []  # no loop: no import of the graph
+    if not any(n.op in LOOPS for n in graph_def.node) or not _has_candidate(graph_def):
+        return []  # no import of the graph (the accuracy gate rewrites repeatedly)
     with tf.Graph().as_default():  # the rewritten functions, which the eager context lacks, for nested calls
         library = tf.compat.v1.GraphDef()
         library.library.CopyFrom(graph_def.library)
@@ -56,7 +57,7 @@ def _defer(graph_def: tf.compat.v1.GraphDef, captured_values: dict[str, np.ndarr
         nodes = {n.name: n for n in body_def.node}
         initial = [i for i in loop.input if not i.startswith("^")]
         for cache in caches:  # rows per cache: each starts from the identity of its own initial rows
-            key = f"dietcode_parent_rows_{_lower_name(loop.name)}_{cache.argument}"
+            key = f"dietcode_parent_rows_{len(notes)}_{cache.argument}"  # unique over the graph's loops
             placeholder = get(body_graphs.Threaded(
                 key, tf.int32, lambda f=initial[cache.argument], k=key: _identity_rows(graph_def, f, k), shape=(None,)))
             edited.carried[key] = cache.rows
@@ -83,7 +84,8 @@ def _caches(body) -> list[_Cache]:
     for i, (argument, output) in enumerate(zip(body.arguments, body.outputs)):
         if index.consumers.get(output):
             continue
-        returned = index.producer(output) if index.producer(output).op == "Identity" else None
+        producer = index.producer(output)
+        returned = producer if producer.op == "Identity" else None
         gathered = tensor_name(returned.input[0]) if returned is not None else output
         gather = index.producer(gathered)
         if (gather.op != "GatherV2" or gathered != f"{gather.name}:0"
@@ -125,41 +127,32 @@ def _reorder_append(concat, rows: str, axis: int) -> None:
     concat.attr["axis"].i = axis
 
 
+@functools.cache
 def _op_template():
     """A DietcodeReorderAppend NodeDef as the op library writes it (attr defaults and all)."""
-    graph = tf.Graph()
-    with graph.as_default():
-        ops.reorder_append(tf.compat.v1.placeholder(tf.float32, [None, None]),
-                           tf.compat.v1.placeholder(tf.int32, [None]),
-                           tf.compat.v1.placeholder(tf.float32, [None, None]), axis=1, name="template")
-    return next(n for n in graph.as_graph_def().node if n.name == "template")
+    graph_def = splice.scratch_graph(lambda: ops.reorder_append(
+        tf.compat.v1.placeholder(tf.float32, [None, None]), tf.compat.v1.placeholder(tf.int32, [None]),
+        tf.compat.v1.placeholder(tf.float32, [None, None]), axis=1, name="template"))
+    return next(n for n in graph_def.node if n.name == "template")
+
+
+@functools.cache
+def _identity_rows_graph() -> tf.compat.v1.GraphDef:
+    """range(rows of the placeholder cache), as node out."""
+    return splice.scratch_graph(lambda: tf.range(tf.shape(tf.compat.v1.placeholder(tf.float32, name="cache"))[0],
+                                                 name="out"))
 
 
 def _identity_rows(graph_def, cache: str, name: str) -> str:
     """range(rows of `cache`) in graph_def: the first iteration's reorder, every row in place."""
-    def add(suffix: str, op: str, inputs: list[str], **attrs):
-        node = graph_def.node.add(name=f"{name}/{suffix}", op=op)
-        node.input.extend(inputs)
-        for attr, value in attrs.items():
-            if isinstance(value, np.ndarray):
-                node.attr[attr].tensor.CopyFrom(tf.make_tensor_proto(value))
-            elif isinstance(value, tf.DType):
-                node.attr[attr].type = value.as_datatype_enum
-            else:
-                node.attr[attr].i = value
-        return f"{node.name}:0"
-
-    def constant(suffix: str, value) -> str:
-        value = np.asarray(value, np.int32)
-        return add(suffix, "Const", [], value=value, dtype=tf.int32)
-
-    shape = add("shape", "Shape", [cache], T=tf.float32, out_type=tf.int32)
-    rows = add("rows", "StridedSlice", [shape, constant("begin", [0]), constant("end", [1]), constant("step", [1])],
-               T=tf.int32, Index=tf.int32, shrink_axis_mask=1, begin_mask=0, end_mask=0, ellipsis_mask=0,
-               new_axis_mask=0)
-    return add("range", "Range", [constant("zero", 0), rows, constant("one", 1)], Tidx=tf.int32)
+    splice.splice(graph_def, _identity_rows_graph(), {"cache": cache}, name, {}, {})
+    return f"{name}/out:0"
 
 
-def _lower_name(name: str) -> str:
-    """A node's name as function argument names may spell it ([a-z][a-z0-9_]*)."""
-    return re.sub(r"[^a-z0-9_]", "_", name.lower())
+def _has_candidate(graph_def) -> bool:
+    """Whether a function of the library gathers from a concat's output (what could be a cache's step)."""
+    for function in graph_def.library.function:
+        concats = {n.name for n in function.node_def if n.op == "ConcatV2"}
+        if any(n.op == "GatherV2" and node_name(n.input[0]) in concats for n in function.node_def):
+            return True
+    return False

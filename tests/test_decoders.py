@@ -98,6 +98,9 @@ def test_every_product_in_the_decoding_loop_is_fused_and_tuned(optimized_decoder
         # the projections of each step's newest tokens: one row per sentence x beam
         assert any(layer["workload"] == f"dense M={CONFIG.beam}..{8 * CONFIG.beam} N={CONFIG.d_model} "
                    f"K={CONFIG.d_model} bias=True none" for layer in dense), dense
+        if name == "beam_concat":  # caches appended by concat, reordered by gather: one copy a step
+            assert "DietcodeReorderAppend" in ops, ops
+            assert any(f"{2 * CONFIG.layers} caches carried unreordered" in note for note in report.notes), report.notes
 
 
 def _assert_same(actual: dict, expected: dict) -> None:
