@@ -5,7 +5,8 @@
 // A call prepares its activations once (int8: quantized per row; bfloat16:
 // rounded), then splits the output into units of one pair of 16-column
 // blocks x one tile of rows, numbered block-major, over TF's intra-op pool
-// (tensorflow::Shard gives each thread a contiguous run of units). At M <= 8
+// (one task per thread, each a contiguous run of units, as the float32
+// kernels' tasks run: intra_op_tasks.h). At M <= 8
 // a unit holds every row, so each thread streams its own contiguous part of
 // the weight once; at larger M a thread's consecutive units reuse one block
 // pair from cache for all its row tiles. Each unit's sums go through the
@@ -20,6 +21,7 @@
 #include "cpu_isa.h"
 #include "epilogue.h"
 #include "huge_pages.h"
+#include "intra_op_tasks.h"
 #include "low_precision_tiles.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -84,34 +86,39 @@ Status PlanLowPrecisionMatMul(const TensorShape& a, const TensorShape& b,
 }
 
 // Runs `tile` over the output's units (see the file comment) on TF's
-// intra-op pool; finish(row0, rows, col0, cols, c) writes each unit's sums.
+// intra-op pool, each task a contiguous run of units, the pool used as the
+// TVM kernels use it (intra_op_tasks.h); finish(row0, rows, col0, cols, c)
+// writes each unit's sums.
 template <class Acc, class Finish>
 void RunTiles(OpKernelContext* ctx, const TileKernel<Acc>& kernel,
               const uint8_t* act, int64_t act_stride, const uint8_t* w,
-              int64_t groups, int64_t m, int64_t n, const Finish& finish) {
+              int64_t groups, int64_t m, int64_t k, int64_t n,
+              const Finish& finish) {
   const int64_t blocks = CeilDiv(n, kBlockColumns);
   const int64_t pairs = CeilDiv(blocks, kTileBlocks);
   const int64_t row_tiles = CeilDiv(m, kernel.rows);
+  const int64_t units = pairs * row_tiles;
   const int64_t block_bytes = groups * kWeightRowBytes;
-  const int64_t cost = kernel.rows * kTileColumns * std::max<int64_t>(groups, 1) *
-                       kGroupBytes;
-  const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-  tensorflow::Shard(
-      workers->num_threads, workers->workers, pairs * row_tiles, cost,
-      [&](int64_t begin, int64_t end) {
-        alignas(64) Acc c[kMaxTileRows * kTileColumns];
-        for (int64_t unit = begin; unit < end; ++unit) {
-          const int64_t block = (unit / row_tiles) * kTileBlocks;
-          const int64_t row0 = (unit % row_tiles) * kernel.rows;
-          const int rows = static_cast<int>(std::min<int64_t>(kernel.rows, m - row0));
-          const int tile_blocks =
-              static_cast<int>(std::min<int64_t>(kTileBlocks, blocks - block));
-          kernel.tile(act + row0 * act_stride, act_stride, rows,
-                      w + block * block_bytes, groups, tile_blocks, c);
-          const int64_t col0 = block * kBlockColumns;
-          finish(row0, rows, col0, std::min(kTileColumns, n - col0), c);
-        }
-      });
+  const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
+  const PoolUse use = ChoosePoolUse(2.0 * m * n * k,
+                                    blocks * block_bytes + 4.0 * m * (k + n));
+  const int tasks = TaskCount(workers, use);
+  RunTasks(workers, use, tasks, [&](int task) {
+    alignas(64) Acc c[kMaxTileRows * kTileColumns];
+    for (int64_t unit = units * task / tasks; unit < units * (task + 1) / tasks;
+         ++unit) {
+      const int64_t block = (unit / row_tiles) * kTileBlocks;
+      const int64_t row0 = (unit % row_tiles) * kernel.rows;
+      const int rows = static_cast<int>(std::min<int64_t>(kernel.rows, m - row0));
+      const int tile_blocks =
+          static_cast<int>(std::min<int64_t>(kTileBlocks, blocks - block));
+      kernel.tile(act + row0 * act_stride, act_stride, rows,
+                  w + block * block_bytes, groups, tile_blocks, c);
+      const int64_t col0 = block * kBlockColumns;
+      finish(row0, rows, col0, std::min(kTileColumns, n - col0), c);
+    }
+    return true;
+  });
 }
 
 // Runs fn(row0, row_end) over the rows [0, m), split on the intra-op pool.
@@ -239,7 +246,7 @@ class Int8MatMulOp : public LowPrecisionMatMulOp {
     // The biased sums hold 128 * column_sums more (modulo 2^32, as the
     // kernels add them).
     const uint32_t offset = kernel.biased ? 128 : 0;
-    RunTiles(ctx, kernel.tile, q, stride, b, CeilDiv(k, kGroupBytes), m, n,
+    RunTiles(ctx, kernel.tile, q, stride, b, CeilDiv(k, kGroupBytes), m, k, n,
              [&](int64_t row0, int rows, int64_t col0, int64_t cols,
                  const int32_t* c) {
                for (int i = 0; i < rows; ++i) {
@@ -288,7 +295,7 @@ class Bf16MatMulOp : public LowPrecisionMatMulOp {
       RoundRowsToBf16(a + begin * k, end - begin, k, kernel.widened,
                       x + begin * stride, stride);
     });
-    RunTiles(ctx, kernel.tile, x, stride, b, even_k / 2, m, n,
+    RunTiles(ctx, kernel.tile, x, stride, b, even_k / 2, m, k, n,
              [&](int64_t row0, int rows, int64_t col0, int64_t cols,
                  const float* c) {
                for (int i = 0; i < rows; ++i) {

@@ -1,7 +1,6 @@
 #include "tuned_kernel.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -104,47 +103,6 @@ tensorflow::Status AlignedData(tensorflow::OpKernelContext* ctx,
   return tensorflow::Status();
 }
 
-// A call whose kernel would take one core less than this runs on the calling
-// thread alone: waking a sleeping pool thread and then the launcher costs
-// about as much as splitting saves (tens of microseconds, see decisions.md,
-// "Threads").
-constexpr double kOnCallingThreadBelowMicros = 20;
-
-// Calls below this, while no recent call was larger, have the launcher run
-// tasks beside one woken pool thread (PoolUse::kLauncherJoins): two wake-ups
-// per call fewer, which BERT-base at batch 1 gained 10-17% from at T <= 24
-// (its dense calls up to ~1500 us by this estimate). Larger calls run on the
-// pool alone: joined, T = 43-128 ran 6-15% slower (a third thread, the idle
-// pool thread still spinning after TF's last op, shares the two cores with
-// the kernel's tasks). Switching between the two costs a wake-up of its own
-// (T = 24 lost 12% with only its largest calls on the pool), so the choice
-// follows the largest recent call, decaying by kRecentDecay per call: a
-// model's calls of one request take the same path.
-constexpr double kLauncherJoinsBelowMicros = 1600;
-constexpr double kRecentDecay = 0.97;
-
-// A rough one-core time for the call: its flops at 100 GFLOP/s and the bytes
-// of its operands and output at 25 GB/s.
-double OneCoreMicros(const TunedCall& call) {
-  const double b = call.dims[kB], m = call.dims[kM], n = call.dims[kN],
-               k = call.dims[kK];
-  return 2 * b * m * n * k / 1e5 + 4 * b * (m * k + k * n + m * n) / 2.5e4;
-}
-
-// Shared by every op of the process: a racy update only shifts when the
-// threshold is crossed.
-std::atomic<double> recent_call_micros{0};
-
-PoolUse ChoosePoolUse(const TunedCall& call) {
-  const double micros = OneCoreMicros(call);
-  const double recent = std::max(
-      micros, recent_call_micros.load(std::memory_order_relaxed) * kRecentDecay);
-  recent_call_micros.store(recent, std::memory_order_relaxed);
-  if (micros < kOnCallingThreadBelowMicros) return PoolUse::kCallingThreadOnly;
-  return recent < kLauncherJoinsBelowMicros ? PoolUse::kLauncherJoins
-                                            : PoolUse::kPoolOnly;
-}
-
 // Calls the chosen kernel on the op's buffers.
 tensorflow::Status CallKernel(tensorflow::OpKernelContext* ctx,
                               const KernelBundle& bundle,
@@ -206,7 +164,9 @@ tensorflow::Status CallKernel(tensorflow::OpKernelContext* ctx,
   }
 
   RouteBackendCalls(bundle.backend_hooks());
-  const PoolUse use = ChoosePoolUse(call);
+  const double batches = call.dims[kB];
+  const PoolUse use = ChoosePoolUse(
+      2 * batches * m * n * k, 4 * batches * (m * k + k * n + m * n));
   bundle.CountCall(use);
   ScopedIntraOpPool pool(ctx->device()->tensorflow_cpu_worker_threads(), use);
   try {

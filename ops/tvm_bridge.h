@@ -20,6 +20,7 @@
 #include <initializer_list>
 
 #include "dlpack/dlpack.h"
+#include "intra_op_tasks.h"
 #include "tensorflow/core/framework/device_base.h"
 
 namespace tf_dietcode {
@@ -41,14 +42,6 @@ BackendHooks FindBackendHooks(void* library_handle);
 // called before every kernel call because loading the same library again
 // (e.g. from Python) resets them.
 void RouteBackendCalls(const BackendHooks& hooks);
-
-// How a call's parallel loop uses the intra-op pool (tvm_bridge.cc,
-// LaunchOnIntraOpPool, says what each costs).
-enum class PoolUse {
-  kPoolOnly,           // every task on the pool, the launcher asleep meanwhile
-  kLauncherJoins,      // the launcher runs tasks too, one pool thread fewer woken
-  kCallingThreadOnly,  // one task on the launcher: too small to share
-};
 
 // While alive, TVM parallel loops started on this thread run on `workers`,
 // as `use` says.
