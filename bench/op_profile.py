@@ -14,14 +14,14 @@ it, profiled at each T:
 Profiling adds a little time per op, alike for all three: read shares and
 per-op times, not end-to-end latency (bench.bert_base times that).
 
-Dense layers are the products that read a fixed weight: their weight bytes per
-inference over their time is their effective bandwidth, set against the DRAM
-read bandwidth from DRAM measured in the same run (bench.peak) — the limit of a
-call that reads each weight once.
+Dense layers are the products that read a fixed weight (DENSE_OPS): the summary
+splits each profile into their time and the other ops'. Their bandwidth is
+bench.dense_stream's to measure, untraced: the profiler's cost per op made
+the dense layers read 0.6 of the DRAM bandwidth at T = 1 where, timed alone,
+they read 0.9.
 
-Writes op_profile.csv (runtime, T, op type, ms per inference, share),
-dense_bandwidth.csv (runtime, T, dense ms, weight MB, GB/s, fraction of the
-DRAM read) and op_profile.png; prints both tables.
+Writes op_profile.csv (runtime, T, op type, ms per inference, share) and
+op_profile.png; prints the summary and each profile's largest op types.
 """
 
 import collections
@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
-from bench import bert_base, cli, onnx_peer, peak, report  # noqa: E402
+from bench import bert_base, cli, onnx_peer, report  # noqa: E402
 
 CALLS = 20           # profiled inferences per cell (after WARMUP)
 QUICK_CALLS = 5
@@ -46,8 +46,6 @@ DENSE_OPS = frozenset({"DietcodeFusedMatMul", "DietcodeFusedMatMulInt8", "Dietco
                        "MatMul", "_MklMatMul", "_MklFusedMatMul", "_FusedMatMul", "Einsum", "_MklEinsum",
                        "Gemm", "FusedMatMul", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"})
 
-
-FIXED = frozenset({"ReadVariableOp", "Const", "_MklReadVariableOp"})  # producers of fixed weights
 
 
 class TracedSavedModel:
@@ -62,50 +60,31 @@ class TracedSavedModel:
         self.inputs = {name: tensor.name for name, tensor in signature.inputs.items()}
         self.outputs = [tensor.name for tensor in signature.outputs.values()]
 
-    def profile(self, feed: dict[str, np.ndarray],
-                calls: int) -> tuple[dict[str, float], dict[str, str], dict[str, int]]:
-        """Microseconds per inference by node (of the graph TF runs: inlined and rewritten), each
-        node's op type, and each node's bytes of fixed weight: its second input where that is a
-        variable read or a constant (the executed graph's edges, the shapes its step recorded)."""
+    def profile(self, feed: dict[str, np.ndarray], calls: int) -> tuple[dict[str, float], dict[str, str]]:
+        """Microseconds per inference by node (of the graph TF runs: inlined and rewritten), and each
+        node's op type."""
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
                                           output_partition_graphs=True)
         feed = {self.inputs[name]: value for name, value in feed.items()}
         for _ in range(WARMUP):
             self.session.run(self.outputs, feed)
         micros: dict[str, float] = collections.defaultdict(float)
-        op_types: dict[str, str] = {}
-        output_bytes: dict[str, list[int]] = {}
         for _ in range(calls):
             metadata = tf.compat.v1.RunMetadata()
             self.session.run(self.outputs, feed, options=options, run_metadata=metadata)
             for device in metadata.step_stats.dev_stats:
                 for node in device.node_stats:
                     micros[node.node_name] += (node.op_end_rel_micros - node.op_start_rel_micros) / calls
-                    output_bytes[node.node_name] = [
-                        int(np.prod([d.size for d in o.tensor_description.shape.dim])) *
-                        tf.as_dtype(o.tensor_description.dtype).size for o in node.output]
-        inputs = {}
-        for graph in metadata.partition_graphs:
-            for node in graph.node:
-                op_types[node.name] = node.op
-                inputs[node.name] = [i for i in node.input if not i.startswith("^")]
-        weights = {}
-        for node, operands in inputs.items():
-            producer, _, slot = operands[1].partition(":") if len(operands) > 1 else ("", "", "")
-            fixed = op_types.get(producer) in FIXED and output_bytes.get(producer)
-            weights[node] = output_bytes[producer][int(slot or 0)] if fixed else 0
-        return dict(micros), {n: op_types.get(n, n) for n in micros}, weights
+        op_types = {node.name: node.op for graph in metadata.partition_graphs for node in graph.node}
+        return dict(micros), {n: op_types.get(n, n) for n in micros}
 
 
 def onnx_profile(model_path: pathlib.Path, feed: dict[str, np.ndarray], calls: int,
-                 scratch: pathlib.Path) -> tuple[dict[str, float], dict[str, str], dict[str, int]]:
+                 scratch: pathlib.Path) -> tuple[dict[str, float], dict[str, str]]:
     """ONNX Runtime's own profile of `calls` inferences after WARMUP: microseconds per inference
-    by node, op types, and each node's bytes of initializers (its fixed weights)."""
-    import onnx
+    by node, and op types."""
     import onnxruntime
 
-    model = onnx.load(str(model_path))
-    sizes = {init.name: onnx.numpy_helper.to_array(init).nbytes for init in model.graph.initializer}
     options = onnxruntime.SessionOptions()
     options.enable_profiling = True
     options.profile_file_prefix = str(scratch / "ort_profile")
@@ -122,8 +101,7 @@ def onnx_profile(model_path: pathlib.Path, feed: dict[str, np.ndarray], calls: i
             node = event["name"].removesuffix("_kernel_time")
             micros[node] += event["dur"] / calls
             op_types[node] = event["args"]["op_name"]
-    weights = {node.name: sum(sizes.get(i, 0) for i in node.input) for node in model.graph.node}
-    return dict(micros), op_types, weights
+    return dict(micros), op_types
 
 
 def profile_rows(runtime: str, t: int, micros: dict[str, float], op_types: dict[str, str]) -> list[dict]:
@@ -136,16 +114,12 @@ def profile_rows(runtime: str, t: int, micros: dict[str, float], op_types: dict[
             for op, value in sorted(by_type.items(), key=lambda item: -item[1])]
 
 
-def dense_row(runtime: str, t: int, micros: dict[str, float], op_types: dict[str, str],
-              weight_bytes: dict[str, int], dram_gbps: float) -> dict:
-    """The dense layers' time, weight bytes and effective bandwidth per inference."""
-    dense = [node for node, op in op_types.items() if op in DENSE_OPS and weight_bytes.get(node, 0) > 0]
-    seconds = sum(micros[node] for node in dense) / 1e6
-    weights = sum(weight_bytes[node] for node in dense)
-    gbps = weights / seconds / 1e9 if seconds else float("nan")
-    return {"runtime": runtime, "T": t, "dense_ops": len(dense), "dense_ms": seconds * 1e3,
-            "weight_mb": weights / 1e6, "gbps": gbps, "dram_read_gbps": dram_gbps,
-            "fraction_of_dram_read": gbps / dram_gbps}
+def summary(rows: list[dict]) -> list[tuple[str, int, float, float]]:
+    """(runtime, T, profiled ms, dense layers' ms) per profile."""
+    cells = dict.fromkeys((r["runtime"], r["T"]) for r in rows)
+    return [(runtime, t, sum(r["ms"] for r in rows if (r["runtime"], r["T"]) == (runtime, t)),
+             sum(r["ms"] for r in rows if (r["runtime"], r["T"]) == (runtime, t) and r["op"] in DENSE_OPS))
+            for runtime, t in cells]
 
 
 def plot(rows: list[dict], path: pathlib.Path, title: str, top: int = 8) -> None:
@@ -189,34 +163,28 @@ def main(argv=None):
         bert_base.optimize(original, optimized, family, [args.batch], args.quick, args.out)
     onnx_model = args.out / "original.onnx"
     onnx_peer.convert_saved_model(original, onnx_model)
-    dram_gbps = peak.dram_read_gbps(threads=len(os.sched_getaffinity(0)))
     calls = QUICK_CALLS if args.quick else CALLS
     tf_dietcode.load_op_library()  # the optimized graph's ops (optimize() loads them, --optimized does not)
     traced = {"tensorflow": TracedSavedModel(original), "dietcode": TracedSavedModel(optimized)}
-    profile, dense = [], []
+    profile = []
     for t in args.T:
         feed = family.feed(args.batch, t)
         runs = {runtime: (lambda model=model: model.profile(feed, calls)) for runtime, model in traced.items()}
         runs["onnxruntime"] = lambda: onnx_profile(onnx_model, feed, calls, args.out)
         for runtime, run in runs.items():
-            micros, op_types, weights = run()
-            profile += profile_rows(runtime, t, micros, op_types)
-            dense.append(dense_row(runtime, t, micros, op_types, weights, dram_gbps))
+            profile += profile_rows(runtime, t, *run())
     report.write_csv(profile, args.out / "op_profile.csv")
-    report.write_csv(dense, args.out / "dense_bandwidth.csv")
     plot(profile, args.out / "op_profile.png", f"{family.name}, batch {args.batch}: time by op type")
-    print(f"DRAM read: {dram_gbps:.1f} GB/s")
-    print(f"{'runtime':>12s} {'T':>4s} {'dense ms':>9s} {'weight MB':>9s} {'GB/s':>6s} {'of read':>7s}")
-    for r in dense:
-        print(f"{r['runtime']:>12s} {r['T']:4d} {r['dense_ms']:9.2f} {r['weight_mb']:9.1f} {r['gbps']:6.1f} "
-              f"{r['fraction_of_dram_read']:7.2f}")
+    print(f"{'runtime':>12s} {'T':>4s} {'profiled ms':>11s} {'dense ms':>9s} {'other ms':>9s}")
+    for runtime, t, total, dense in summary(profile):
+        print(f"{runtime:>12s} {t:4d} {total:11.2f} {dense:9.2f} {total - dense:9.2f}")
     for t in args.T:
         for runtime in [*traced, "onnxruntime"]:
             rows = [r for r in profile if r["T"] == t and r["runtime"] == runtime]
             print(f"\n{runtime}, T = {t}: {sum(r['ms'] for r in rows):.2f} ms profiled")
             for r in rows[:10]:
                 print(f"  {r['op']:>36s} {r['ms']:8.3f} ms {r['share']:6.1%}")
-    print(f"wrote {args.out / 'op_profile.csv'}, {args.out / 'dense_bandwidth.csv'} and {args.out / 'op_profile.png'}")
+    print(f"wrote {args.out / 'op_profile.csv'} and {args.out / 'op_profile.png'}")
 
 
 if __name__ == "__main__":
