@@ -27,7 +27,6 @@ struct Avx2Bf16 {
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* row = w + g * kWeightRowBytes;
-      PrefetchAhead(row);
       __m256 even[2], odd[2];
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
@@ -72,7 +71,6 @@ struct Avx512Bf16 {
       __m512bh wv[NB];
 #pragma GCC unroll 2
       for (int b = 0; b < NB; ++b) {
-        PrefetchAhead(w + b * block_bytes + g * kWeightRowBytes);
         wv[b] = (__m512bh)_mm512_loadu_si512(w + b * block_bytes +
                                              g * kWeightRowBytes);
       }

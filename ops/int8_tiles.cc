@@ -31,7 +31,6 @@ struct Avx2Int8 {
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* row = w + g * kWeightRowBytes;
-      PrefetchAhead(row);
       const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
       const __m256i w1 =
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32));
@@ -73,7 +72,6 @@ struct Avx512VnniInt8 {
       __m512i wv[NB];
 #pragma GCC unroll 2
       for (int b = 0; b < NB; ++b) {
-        PrefetchAhead(w + b * block_bytes + g * kWeightRowBytes);
         wv[b] = _mm512_loadu_si512(w + b * block_bytes + g * kWeightRowBytes);
       }
 #pragma GCC unroll 8

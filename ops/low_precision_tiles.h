@@ -13,8 +13,6 @@
 #ifndef TF_DIETCODE_OPS_LOW_PRECISION_TILES_H_
 #define TF_DIETCODE_OPS_LOW_PRECISION_TILES_H_
 
-#include <xmmintrin.h>
-
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -87,17 +85,6 @@ void RoundRowsToBf16(const float* a, int64_t rows, int64_t k, bool widened,
 // a multiple of 16 rows.
 extern const TileKernel<int32_t> kAmxInt8Kernel;
 extern const TileKernel<float> kAmxBf16Kernel;
-
-// How far ahead of its loads a tile's loop asks for the weight it reads next,
-// per block stream: at small M a tile streams its blocks from DRAM one
-// 64-byte row per step, and left to the hardware prefetchers its loads waited
-// on memory.
-inline constexpr int64_t kPrefetchAheadBytes = 1024;
-
-inline void PrefetchAhead(const uint8_t* row) {
-  _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchAheadBytes),
-               _MM_HINT_T0);
-}
 
 inline int32_t LoadGroup(const uint8_t* p) {
   int32_t v;
