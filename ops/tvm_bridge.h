@@ -7,7 +7,8 @@
 //     once, oversubscribes the cores): LaunchOnIntraOpPool uses the pool the
 //     calling op set with ScopedIntraOpPool (TVM's own launcher when none is
 //     set, e.g. for Python callers of the same library), with the calling
-//     thread running tasks too, or alone, as the op chooses (PoolUse);
+//     thread running tasks too, or alone, as the op chooses (PoolUse,
+//     intra_op_tasks.h);
 //   - workspace comes from a per-thread arena (workspace_arena.h).
 // - libtvm_ffi's symbols are made global, so a kernel that raises finds
 //   TVMFFIErrorSetRaisedFromCStrParts although tf.load_op_library loaded us
