@@ -56,8 +56,9 @@ def layer_stack(precision: str, bundle: str, layouts: dict, rng: np.random.Gener
     layers, weight_bytes = [], 0
     for k, n, act in LAYER * LAYERS:
         weight = (rng.uniform(-1, 1, (k, n)) / np.sqrt(k)).astype(np.float32)
-        converted = {name: tf.Variable(value) for name, value in mode.convert(weight, layouts.get((k, n, act))).items()}
-        weight_bytes += sum(v.numpy().nbytes for v in converted.values())
+        arrays = mode.convert(weight, layouts.get((k, n, act)))
+        weight_bytes += sum(value.nbytes for value in arrays.values())
+        converted = {name: tf.Variable(value) for name, value in arrays.items()}
         layers.append((converted, tf.Variable(rng.uniform(-1, 1, n).astype(np.float32)), n, act))
 
     def compute(x):

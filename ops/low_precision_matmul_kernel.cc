@@ -105,8 +105,8 @@ void RunTiles(OpKernelContext* ctx, const TileKernel<Acc>& kernel,
   const int tasks = TaskCount(workers, use);
   RunTasks(workers, use, tasks, [&](int task) {
     alignas(64) Acc c[kMaxTileRows * kTileColumns];
-    for (int64_t unit = units * task / tasks; unit < units * (task + 1) / tasks;
-         ++unit) {
+    const int64_t end = units * (task + 1) / tasks;
+    for (int64_t unit = units * task / tasks; unit < end; ++unit) {
       const int64_t block = (unit / row_tiles) * kTileBlocks;
       const int64_t row0 = (unit % row_tiles) * kernel.rows;
       const int rows = static_cast<int>(std::min<int64_t>(kernel.rows, m - row0));
