@@ -227,6 +227,18 @@ Status ValidateGroups(int64_t groups, const Dims& n_dims) {
   return Status();
 }
 
+Status ValidateLowPrecisionGroups(int64_t groups, int64_t n,
+                                  const Dims& n_dims) {
+  TF_RETURN_IF_ERROR(ValidateGroups(groups, n_dims));
+  if (groups > 1 && (n % groups != 0 || n == 0 ||
+                     (n / groups) % kLowPrecisionBlockColumns != 0)) {
+    return InvalidArgument("n=", n, " must be ", groups, " layers of a whole ",
+                           "positive number of ", kLowPrecisionBlockColumns,
+                           "-column blocks each (groups=", groups, ")");
+  }
+  return Status();
+}
+
 Status PlanMatMul(const TensorShape& a, const TensorShape& b,
                   const TensorShape* bias, bool transpose_a, bool transpose_b,
                   int64_t packed_n, int num_k_dims, const Dims& n_dims,

@@ -81,6 +81,12 @@ tensorflow::Status PlanMatMul(const tensorflow::TensorShape& a,
 tensorflow::Status ValidateGroups(int64_t groups,
                                   const std::vector<int64_t>& n_dims);
 
+// ValidateGroups for the int8 / bfloat16 ops, whose layers must also each
+// hold a whole, positive number of the packed weight's column blocks
+// (N / groups a multiple of kLowPrecisionBlockColumns).
+tensorflow::Status ValidateLowPrecisionGroups(
+    int64_t groups, int64_t n, const std::vector<int64_t>& n_dims);
+
 // The product of the `n_dims` attr (the output's trailing dims), which must
 // be non-negative and not overflow.
 tensorflow::Status ColumnDimsProduct(const std::vector<int64_t>& n_dims,

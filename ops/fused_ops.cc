@@ -78,12 +78,7 @@ Status FusedMatMulShape(InferenceContext* c) {
   }
   ShapeHandle columns;
   TF_RETURN_IF_ERROR(MatMulColumns(c, n, n_dims, &columns));
-  if (groups > 1) {
-    DimensionHandle group_n;
-    TF_RETURN_IF_ERROR(c->Divide(n, groups, /*evenly_divisible=*/true, &group_n));
-    TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(groups), rows, &rows));
-    columns = c->Vector(group_n);
-  }
+  TF_RETURN_IF_ERROR(GroupMajorDims(c, groups, n, &rows, &columns));
   ShapeHandle out;
   TF_RETURN_IF_ERROR(c->Concatenate(rows, columns, &out));
   c->set_output(0, out);

@@ -88,11 +88,13 @@ Status PlanLowPrecisionMatMul(const TensorShape& a, const TensorShape& b,
 // Runs `tile` over the output's units (see the file comment) on TF's
 // intra-op pool, each task a contiguous run of units, the pool used as the
 // TVM kernels use it (intra_op_tasks.h); finish(row0, rows, col0, cols, c)
-// writes each unit's sums.
+// writes each unit's sums, in pieces that stay within one layer of
+// `layer_n` columns (a unit's two blocks may belong to two layers of a
+// horizontally merged weight).
 template <class Acc, class Finish>
 void RunTiles(OpKernelContext* ctx, const TileKernel<Acc>& kernel,
               const uint8_t* act, int64_t act_stride, const uint8_t* w,
-              int64_t groups, int64_t m, int64_t k, int64_t n,
+              int64_t groups, int64_t m, int64_t k, int64_t n, int64_t layer_n,
               const Finish& finish) {
   const int64_t blocks = CeilDiv(n, kBlockColumns);
   const int64_t pairs = CeilDiv(blocks, kTileBlocks);
@@ -115,7 +117,12 @@ void RunTiles(OpKernelContext* ctx, const TileKernel<Acc>& kernel,
       kernel.tile(act + row0 * act_stride, act_stride, rows,
                   w + block * block_bytes, groups, tile_blocks, c);
       const int64_t col0 = block * kBlockColumns;
-      finish(row0, rows, col0, std::min(kTileColumns, n - col0), c);
+      const int64_t col_end = std::min(col0 + kTileColumns, n);
+      for (int64_t piece = col0; piece < col_end;) {
+        const int64_t piece_end = std::min(col_end, (piece / layer_n + 1) * layer_n);
+        finish(row0, rows, piece, piece_end - piece, c + (piece - col0));
+        piece = piece_end;
+      }
     }
     return true;
   });
@@ -138,6 +145,9 @@ class LowPrecisionMatMulOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("activation", &activation));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_k_dims", &num_k_dims_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("n_dims", &n_dims_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("groups", &groups_));
+    OP_REQUIRES_OK(ctx, ValidateLowPrecisionGroups(groups_, n_, n_dims_));
+    layer_n_ = n_ / groups_;
     activation_ = ParseActivation(activation);
   }
 
@@ -155,8 +165,13 @@ class LowPrecisionMatMulOp : public OpKernel {
                             n_, per_group_, num_k_dims_, n_dims_, activation_,
                             &plan));
     OP_REQUIRES_OK(ctx, ValidatePrecisionInputs(ctx, plan));
+    TensorShape out_shape = plan.out_shape;
+    if (groups_ > 1) {  // group-major: [groups, rows..., N / groups]
+      out_shape.set_dim(out_shape.dims() - 1, layer_n_);
+      out_shape.InsertDim(0, groups_);
+    }
     Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, plan.out_shape, &out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
     if (out->NumElements() == 0) return;
     weight_pages_.Ensure(b);
     Run(ctx, plan, a.flat<float>().data(),
@@ -168,7 +183,8 @@ class LowPrecisionMatMulOp : public OpKernel {
   // Checks the inputs only one precision has.
   virtual Status ValidatePrecisionInputs(OpKernelContext* ctx,
                                          const ContractionPlan& plan) = 0;
-  // out[m, n] = act(a[m, k] @ w + bias), the plan valid and not empty.
+  // out = act(a[m, k] @ w + bias), [m, n] or group-major (OutputAt), the
+  // plan valid and not empty.
   virtual void Run(OpKernelContext* ctx, const ContractionPlan& plan,
                    const float* a, const uint8_t* b, const float* bias,
                    float* out) = 0;
@@ -187,6 +203,16 @@ class LowPrecisionMatMulOp : public OpKernel {
     return Status();
   }
 
+  // Where output (row, col) of the [m, N] product lands: row-major, or
+  // group-major when the op computes several layers (col within one layer).
+  float* OutputAt(float* out, int64_t m, int64_t row, int64_t col) const {
+    const int64_t layer = col / layer_n_;
+    return out + (layer * m + row) * layer_n_ + (col - layer * layer_n_);
+  }
+
+  // Columns per layer (N unless the op computes several layers).
+  int64_t layer_n() const { return layer_n_; }
+
   // Bias and activation on the written rows.
   static void Epilogue(const ContractionPlan& plan, float* row, int64_t cols,
                        const float* bias) {
@@ -198,6 +224,7 @@ class LowPrecisionMatMulOp : public OpKernel {
   int64_t n_;
   int num_k_dims_;
   std::vector<int64_t> n_dims_;
+  int64_t groups_, layer_n_;
   Activation activation_;
   HugePageBacking weight_pages_;
 };
@@ -247,10 +274,11 @@ class Int8MatMulOp : public LowPrecisionMatMulOp {
     // kernels add them).
     const uint32_t offset = kernel.biased ? 128 : 0;
     RunTiles(ctx, kernel.tile, q, stride, b, CeilDiv(k, kGroupBytes), m, k, n,
+             layer_n(),
              [&](int64_t row0, int rows, int64_t col0, int64_t cols,
                  const int32_t* c) {
                for (int i = 0; i < rows; ++i) {
-                 float* row = out + (row0 + i) * n + col0;
+                 float* row = OutputAt(out, m, row0 + i, col0);
                  const int32_t* sums = c + i * kTileColumns;
                  const float row_scale = s[row0 + i];
                  if (std::isnan(row_scale)) {  // a row holding NaN or Inf
@@ -295,11 +323,11 @@ class Bf16MatMulOp : public LowPrecisionMatMulOp {
       RoundRowsToBf16(a + begin * k, end - begin, k, kernel.widened,
                       x + begin * stride, stride);
     });
-    RunTiles(ctx, kernel.tile, x, stride, b, even_k / 2, m, k, n,
+    RunTiles(ctx, kernel.tile, x, stride, b, even_k / 2, m, k, n, layer_n(),
              [&](int64_t row0, int rows, int64_t col0, int64_t cols,
                  const float* c) {
                for (int i = 0; i < rows; ++i) {
-                 float* row = out + (row0 + i) * n + col0;
+                 float* row = OutputAt(out, m, row0 + i, col0);
                  std::copy(c + i * kTileColumns, c + i * kTileColumns + cols, row);
                  Epilogue(plan, row, cols, bias ? bias + col0 : nullptr);
                }

@@ -6,6 +6,7 @@
 // bytes) comes from op_contract.h.
 #include <vector>
 
+#include "contraction_plan.h"
 #include "matmul_shape.h"
 #include "op_contract.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
@@ -26,11 +27,13 @@ using tensorflow::shape_inference::ShapeHandle;
 template <int kPerGroup, int kVectors>
 Status LowPrecisionMatMulShape(InferenceContext* c) {
   int num_k_dims;
-  int64_t n_attr;
+  int64_t n_attr, groups;
   std::vector<int64_t> n_dims;
   TF_RETURN_IF_ERROR(c->GetAttr("num_k_dims", &num_k_dims));
   TF_RETURN_IF_ERROR(c->GetAttr("n", &n_attr));
   TF_RETURN_IF_ERROR(c->GetAttr("n_dims", &n_dims));
+  TF_RETURN_IF_ERROR(c->GetAttr("groups", &groups));
+  TF_RETURN_IF_ERROR(ValidateLowPrecisionGroups(groups, n_attr, n_dims));
   if (c->num_inputs() > 3 + kVectors) {
     return tensorflow::errors::InvalidArgument("at most one bias, got ",
                                                c->num_inputs() - 2 - kVectors);
@@ -56,6 +59,7 @@ Status LowPrecisionMatMulShape(InferenceContext* c) {
   }
   ShapeHandle columns, out;
   TF_RETURN_IF_ERROR(MatMulColumns(c, n, n_dims, &columns));
+  TF_RETURN_IF_ERROR(GroupMajorDims(c, groups, n, &rows, &columns));
   TF_RETURN_IF_ERROR(c->Concatenate(rows, columns, &out));
   c->set_output(0, out);
   return Status();
@@ -78,6 +82,7 @@ REGISTER_OP("DietcodeFusedMatMulInt8")
     .Attr(kActivationAttr)
     .Attr("num_k_dims: int >= 1 = 1")
     .Attr("n_dims: list(int) = []")
+    .Attr("groups: int >= 1 = 1")
     .SetShapeFn(LowPrecisionMatMulShape<kInt8PerGroup, 2>)
     .Doc(R"doc(
 act(a @ w + bias) with w an int8 weight with per-column scales, a quantized
@@ -100,7 +105,10 @@ column_sums: [N], sum over k of b_q[k, j]; must be exact (kernels that
   multiply unsigned activations by signed weights use it).
 bias: zero or one vector [N].
 n: N (b is padded to whole blocks).
-product: [..., N], or [..., *n_dims] when n_dims (whose product is N) is given.
+groups: how many layers b, scale, column_sums and bias hold side by side (each
+  N / groups columns, a whole number of 16-column blocks).
+product: [..., N], or [..., *n_dims] when n_dims (whose product is N) is given,
+  or group-major [groups, ..., N / groups] when groups > 1.
 )doc");
 
 REGISTER_OP("DietcodeFusedMatMulBf16")
@@ -113,6 +121,7 @@ REGISTER_OP("DietcodeFusedMatMulBf16")
     .Attr(kActivationAttr)
     .Attr("num_k_dims: int >= 1 = 1")
     .Attr("n_dims: list(int) = []")
+    .Attr("groups: int >= 1 = 1")
     .SetShapeFn(LowPrecisionMatMulShape<kBf16PerGroup, 0>)
     .Doc(R"doc(
 act(bf16(a) @ b + bias) with b a bfloat16 weight: a rounded to bfloat16 (to
@@ -126,7 +135,10 @@ b: the weight [K, N] packed [ceil(N / 16), ceil(K / 2), 16, 2]: column j, row
   k at [j / 16, k / 2, j % 16, k % 2], zero padded.
 bias: zero or one vector [N].
 n: N (b is padded to whole blocks).
-product: [..., N], or [..., *n_dims] when n_dims (whose product is N) is given.
+groups: how many layers b and bias hold side by side (each N / groups
+  columns, a whole number of 16-column blocks).
+product: [..., N], or [..., *n_dims] when n_dims (whose product is N) is given,
+  or group-major [groups, ..., N / groups] when groups > 1.
 )doc");
 
 REGISTER_OP("DietcodeLowPrecisionIsa")

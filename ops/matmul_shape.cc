@@ -53,4 +53,14 @@ Status MatMulColumns(InferenceContext* c, DimensionHandle n,
   return Status();
 }
 
+Status GroupMajorDims(InferenceContext* c, int64_t groups, DimensionHandle n,
+                      ShapeHandle* rows, ShapeHandle* columns) {
+  if (groups == 1) return Status();
+  DimensionHandle group_n;
+  TF_RETURN_IF_ERROR(c->Divide(n, groups, /*evenly_divisible=*/true, &group_n));
+  TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(groups), *rows, rows));
+  *columns = c->Vector(group_n);
+  return Status();
+}
+
 }  // namespace tf_dietcode

@@ -24,6 +24,15 @@ tensorflow::Status MatMulColumns(
     const std::vector<int64_t>& n_dims,
     tensorflow::shape_inference::ShapeHandle* columns);
 
+// The output's dims of `groups` layers side by side written group-major
+// (groups > 1): rows become [groups, rows...] and columns [n / groups]; with
+// groups = 1, both stay as they are.
+tensorflow::Status GroupMajorDims(
+    tensorflow::shape_inference::InferenceContext* c, int64_t groups,
+    tensorflow::shape_inference::DimensionHandle n,
+    tensorflow::shape_inference::ShapeHandle* rows,
+    tensorflow::shape_inference::ShapeHandle* columns);
+
 }  // namespace tf_dietcode
 
 #endif  // TF_DIETCODE_OPS_MATMUL_SHAPE_H_

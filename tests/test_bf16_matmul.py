@@ -61,6 +61,18 @@ def test_contracted_dims_and_output_dims(rng, path):
     assert_close_to_float64(actual.reshape(10, 6), a.reshape(10, 12), w)
 
 
+@pytest.mark.parametrize("groups, layer_n", [(2, 16), (3, 48), (3, 32)])
+def test_layers_side_by_side_write_group_major(rng, path, groups, layer_n):
+    """Merged layers (horizontal fusion) in their own [rows, N / groups] slices: 32-column layers and
+    16- or 48-column ones (a unit's two blocks in two layers)."""
+    for m in (1, 5, 17):
+        a, w, bias = operands(rng, m, 67, groups * layer_n)
+        actual = run(a, w, bias, groups=groups, activation="gelu")
+        assert actual.shape == (groups, m, layer_n)
+        whole = np.concatenate(list(actual), axis=1)
+        assert_close_to_float64(whole, a, w, bias, "gelu")
+
+
 def test_nonfinite_and_extreme_rows_as_the_float32_op(rng, path):
     a, w, bias = operands(rng, 9, 127, 40)
     a[0] = 0
@@ -136,8 +148,10 @@ def test_bad_inputs(rng):
         ({"a": a[:, :5]}, "has K=5, which b packs in 3 groups"),
         ({"bias": bias[:3]}, r"bias must have shape \[20\]"),
         ({"a": a.astype(np.float64)}, "input 'a' must be float32"),
+        ({"groups": 2}, "n=20 must be 2 layers of a whole positive number of 16-column blocks"),
     ]
     for change, message in cases:
         inputs = {**good, **change}
         with pytest.raises(InvalidArgument, match=message):
-            ops.fused_matmul_bf16(inputs["a"], inputs["b"], inputs["bias"], n=inputs["n"])
+            ops.fused_matmul_bf16(inputs["a"], inputs["b"], inputs["bias"], n=inputs["n"],
+                                  groups=inputs.get("groups", 1))

@@ -1,7 +1,9 @@
 """Horizontal fusion in optimize(): dense layers of one width that read the same tensor run
 as one GEMM over their concatenated weights, written group-major and unstacked per layer;
 outputs equal the unfused model's and the original's, every signature, in and outside the
-tuned range."""
+tuned range; in int8 and bfloat16 too."""
+
+import json
 
 import keras
 import numpy as np
@@ -9,6 +11,11 @@ import pytest
 import tensorflow as tf
 
 import tf_dietcode
+from tf_dietcode import output_check
+from tf_dietcode.graph_rewrite.fusions.dense import Dense
+from tf_dietcode.graph_rewrite.fusions.dense_patterns import DenseMatch
+from tf_dietcode.graph_rewrite.fusions.horizontal_fusion import DenseGroup
+from tf_dietcode.precision import modes
 from tf_dietcode.tuning import search
 
 import tuned_calls
@@ -89,3 +96,38 @@ def test_fused_model_runs_fewer_gemms(models):
         assert generic_after == generic_before  # in range: every GEMM, merged ones too, ran a tuned kernel
     # dense GEMMs: h, {a, b}, {c, q, k, v}, d, e, attention output = 6 fused vs 10; plus 2 attention products
     assert calls == {True: 8, False: 12}
+
+
+@pytest.mark.parametrize("precision", ["int8", "bfloat16"])
+def test_reduced_precision_ops_run_merged_layers(tmp_path, rng, precision):
+    """In int8 and bfloat16, each merged group is one op of that precision writing group-major."""
+    shared_input_model().export(str(tmp_path / "original"), verbose=False)
+    report = tf_dietcode.optimize(tmp_path / "original", tmp_path / "optimized", horizontal_fusion=True,
+                                  precision=precision, shape_ranges={"x": [(1, 2), (1, 9), 16]},
+                                  tuning=search.SearchOptions(**TINY_TUNING_OPTIONS), database=shared_database())
+    assert report.merged == (12, 4)
+    dense = [layer for layer in json.loads(report.to_json())["layers"] if layer["kind"] == "dense"]
+    assert {(layer["precision"], layer["precision_why"]) for layer in dense} == {(precision, "")}
+    op = {"int8": "DietcodeFusedMatMulInt8", "bfloat16": "DietcodeFusedMatMulBf16"}[precision]
+    graph = tf.saved_model.load(str(tmp_path / "optimized")).signatures["serving_default"].graph.as_graph_def()
+    groups = sorted(node.attr["groups"].i for function in graph.library.function for node in function.node_def
+                    if node.op == op)
+    assert groups == [1, 1, 1, 1, 2, 4]  # h, d, e, attention output; {a, b}; {c, q, k, v}
+    original, optimized = (tf.saved_model.load(str(tmp_path / name)).signatures["serving_default"]
+                           for name in ("original", "optimized"))
+    for batch, t in [(1, 1), (2, 9), (3, 23)]:
+        x = rng.uniform(-1, 1, (batch, t, 16)).astype(np.float32)
+        expected, actual = original(x=x)["output_0"].numpy(), optimized(x=x)["output_0"].numpy()
+        assert output_check.row_error(expected, actual) <= modes.get(precision).max_error
+
+
+def test_merged_layers_not_of_whole_blocks_stay_float32_in_reduced_precision():
+    """An AVX2 machine merges 8-column layers; the int8 and bfloat16 ops take whole 16-column blocks."""
+    def member(n, core):
+        return DenseMatch("matmul", core, "h:0", 1, np.zeros((16, n), np.float32), [n])
+
+    assert Dense().kept_float32(DenseGroup((member(16, "a"), member(16, "b")))) is None
+    assert Dense().kept_float32(DenseGroup((member(24, "a"),))) is None
+    why = Dense().kept_float32(DenseGroup((member(8, "a"), member(8, "b"))))
+    assert why == ("horizontal fusion merged it with 1 other layer(s) into one GEMM of 8-column layers; the int8 "
+                   "and bfloat16 ops merge only layers of whole 16-column blocks")

@@ -49,6 +49,20 @@ def test_contracted_dims_and_output_dims(rng, path):
     np.testing.assert_array_equal(actual.reshape(10, 6), int8_weights.reference(a.reshape(10, 12), weight))
 
 
+@pytest.mark.parametrize("groups, layer_n", [(2, 16), (3, 48), (3, 32)])
+def test_layers_side_by_side_write_group_major(rng, path, groups, layer_n):
+    """Merged layers (horizontal fusion): each layer's columns land in its own [rows, N / groups]
+    slice; 32-column layers (a unit's two blocks in one layer) and 16- or 48-column ones (a unit's
+    two blocks in two layers) alike."""
+    for m in (1, 5, 17):
+        a, weight, bias = operands(rng, m, 67, groups * layer_n)
+        actual = run(a.reshape(m, 1, 67), weight, bias, groups=groups, activation="relu")
+        assert actual.shape == (groups, m, 1, layer_n)
+        expected = int8_weights.reference(a, weight, bias, "relu")
+        for g in range(groups):
+            np.testing.assert_array_equal(actual[g, :, 0], expected[:, g * layer_n:(g + 1) * layer_n])
+
+
 def test_zero_nonfinite_and_extreme_rows(rng, path):
     a, weight, bias = operands(rng, 8, 127, 40)
     a[0] = 0
@@ -137,6 +151,8 @@ def bad_inputs(rng):
         ({"bias": bias[:3]}, r"bias must have shape \[20\]"),
         ({"b": weight.packed.astype(np.int32)}, "input 'b' must be int8"),
         ({"column_sums": weight.column_sums.astype(np.int64)}, "input 'column_sums' must be int32"),
+        ({"groups": 2}, "n=20 must be 2 layers of a whole positive number of 16-column blocks"),
+        ({"groups": 0}, "groups"),
     ], good
 
 
@@ -146,7 +162,7 @@ def test_bad_inputs(rng):
         inputs = {**good, **change}
         with pytest.raises(InvalidArgument, match=message):
             ops.fused_matmul_int8(inputs["a"], inputs["b"], inputs["scale"], inputs["column_sums"], inputs["bias"],
-                                  n=inputs["n"])
+                                  n=inputs["n"], groups=inputs.get("groups", 1))
 
 
 def test_k_beyond_exact_int32_sums():

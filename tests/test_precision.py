@@ -52,9 +52,7 @@ def test_the_report_says_what_runs_in_which_precision_and_why(optimized):
     by_kind = {}
     for layer in data["layers"]:
         by_kind.setdefault(layer["kind"], set()).add((layer["precision"], layer["precision_why"]))
-    merged = ("float32", "horizontal fusion merged it with 2 other layer(s) into one GEMM, whose group-major "
-                         "output only the float32 op writes")
-    assert by_kind["dense"] == ({(precision, ""), merged} if precision == "int8" else {(precision, "")})
+    assert by_kind["dense"] == {(precision, "")}  # int8's merged Q/K/V too
     assert by_kind["attention"] == {("float32", "attention runs in float32: only dense layers have "
                                                 "reduced-precision ops")}
     assert by_kind["layer_norm"] == {("float32", "layer norm runs in float32: only dense layers have "
@@ -65,9 +63,8 @@ def test_the_report_says_what_runs_in_which_precision_and_why(optimized):
     isa = ops.low_precision_isa()[precision]
     assert data["precision"]["precision"] == precision and data["precision"]["kernel_path"] == isa
     assert data["precision"]["max_error"] == modes.get(precision).max_error
-    # only float32 ops are tuned: attention's products, and int8's merged Q/K/V
-    assert {w.kind for w in report.workloads} == ({"batch_matmul", "dense"} if precision == "int8" else
-                                                  {"batch_matmul"})
+    # only float32 ops are tuned: attention's products
+    assert {w.kind for w in report.workloads} == {"batch_matmul"}
     assert all(w.groups == 3 for w in report.workloads if w.kind == "dense")
     summary = report.summary()
     assert f"precision: {precision} for dense layers, on {isa} kernels the op chooses (not tuned)" in summary
@@ -85,12 +82,12 @@ def test_the_written_model_holds_converted_weights_and_no_float32_copy(optimized
     variables = _variables(written)
     converted = [v for v in variables if v.name.startswith("dietcode_weight")]
     low = tf.int8 if precision == "int8" else tf.bfloat16
-    # dense layers not merged: two on 3-D input, the attention output and the last Dense (int8 merges Q/K/V,
-    # which stay float32 as one packed weight; bfloat16 runs them as 3 more)
-    assert sum(v.dtype == low for v in converted) == (4 if precision == "int8" else 7)
+    # two dense layers on 3-D input, the attention output, the last Dense, and Q/K/V: one merged weight
+    # in int8 (horizontal fusion), three in bfloat16
+    assert sum(v.dtype == low for v in converted) == (5 if precision == "int8" else 7)
     if precision == "int8":  # per output column: a float32 scale and the int32 sum of its weights
         assert sorted(v.dtype.name for v in converted if v.dtype != low and v.shape.rank == 1) == \
-            ["float32"] * 4 + ["int32"] * 4
+            ["float32"] * 5 + ["int32"] * 5
     kernels = [v.numpy() for v in _variables(original) if "kernel" in v.name]
     for variable in variables:  # not one of the dense layers' float32 kernels is kept
         assert not any(variable.shape == kernel.shape and np.array_equal(variable.numpy(), kernel)

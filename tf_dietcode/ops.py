@@ -130,30 +130,33 @@ def bundle_stats(bundle: str) -> dict:
 
 def fused_matmul_int8(a: TensorLike, b: TensorLike, scale: TensorLike, column_sums: TensorLike,
                       bias: TensorLike | None = None, *, n: int, activation: str | None = None,
-                      num_k_dims: int = 1, n_dims: Sequence[int] = (), name: str | None = None) -> tf.Tensor:
+                      num_k_dims: int = 1, n_dims: Sequence[int] = (), groups: int = 1,
+                      name: str | None = None) -> tf.Tensor:
     """activation(a @ w + bias) with an int8 weight w[k, j] ~ b[k, j] * scale[j] (packed, see
     tf_dietcode.precision.int8_weights.quantize, which also gives column_sums), a[..., K]
     quantized per row inside the op; n is N. The op's Doc (DietcodeFusedMatMulInt8) states the
-    computation exactly. num_k_dims and n_dims as in fused_matmul. Not differentiable."""
+    computation exactly. num_k_dims, n_dims and groups as in fused_matmul (each of the groups
+    a whole number of 16-column blocks). Not differentiable."""
     return load_op_library().dietcode_fused_mat_mul_int8(
         a=_float32(a, "a"), b=_typed(b, tf.int8, "b"), scale=_float32(scale, "scale"),
         column_sums=_typed(column_sums, tf.int32, "column_sums"),
         bias=[] if bias is None else [_float32(bias, "bias")], n=n,
         activation=_activation_name(activation), num_k_dims=num_k_dims, n_dims=[int(d) for d in n_dims],
-        name=name)
+        groups=groups, name=name)
 
 
 def fused_matmul_bf16(a: TensorLike, b: TensorLike, bias: TensorLike | None = None, *, n: int,
                       activation: str | None = None, num_k_dims: int = 1, n_dims: Sequence[int] = (),
-                      name: str | None = None) -> tf.Tensor:
+                      groups: int = 1, name: str | None = None) -> tf.Tensor:
     """activation(bf16(a) @ b + bias) with b a packed bfloat16 weight
     (tf_dietcode.precision.bf16_weights.pack), products summed in float32; n is N.
-    num_k_dims and n_dims as in fused_matmul. Not differentiable."""
+    num_k_dims, n_dims and groups as in fused_matmul (each of the groups a whole number of
+    16-column blocks). Not differentiable."""
     return load_op_library().dietcode_fused_mat_mul_bf16(
         a=_float32(a, "a"), b=_typed(b, tf.bfloat16, "b"),
         bias=[] if bias is None else [_float32(bias, "bias")], n=n,
         activation=_activation_name(activation), num_k_dims=num_k_dims, n_dims=[int(d) for d in n_dims],
-        name=name)
+        groups=groups, name=name)
 
 
 def low_precision_isa() -> dict:

@@ -21,6 +21,7 @@ from tf_dietcode.graph_rewrite.fusions.contract import Binding, Found, Replaceme
 from tf_dietcode.graph_rewrite.fusions.dense_patterns import DenseMatch
 from tf_dietcode.graph_rewrite.fusions.horizontal_fusion import DenseGroup
 from tf_dietcode.graph_rewrite.splice import scratch_graph
+from tf_dietcode.op_contract import LOW_PRECISION_BLOCK_COLUMNS
 from tf_dietcode.precision.contract import Precision
 from tf_dietcode.tuning import hardware
 from tf_dietcode.tuning.workload import Workload
@@ -42,10 +43,11 @@ class Dense(TunedFusion):
         return f"dense ({form})"
 
     def kept_float32(self, group: DenseGroup) -> str | None:
-        if group.groups == 1:
+        if group.groups == 1 or (group.n // group.groups) % LOW_PRECISION_BLOCK_COLUMNS == 0:
             return None
-        return (f"horizontal fusion merged it with {group.groups - 1} other layer(s) into one GEMM, whose "
-                "group-major output only the float32 op writes")
+        return (f"horizontal fusion merged it with {group.groups - 1} other layer(s) into one GEMM of "
+                f"{group.n // group.groups}-column layers; the int8 and bfloat16 ops merge only layers of "
+                f"whole {LOW_PRECISION_BLOCK_COLUMNS}-column blocks")
 
     def summary(self, merged: tuple[int, int], switches: Switches) -> list[str]:
         if not switches.horizontal_fusion:

@@ -26,10 +26,8 @@ class Bfloat16(Precision):
     def product(self, x: tf.Tensor, weights: dict[str, tf.Tensor], bias: tf.Tensor | None, *, n: int,
                 activation: str, num_k_dims: int = 1, n_dims: Sequence[int] = (), groups: int = 1,
                 bundle: tf.Tensor | str = "", name: str | None = None) -> tf.Tensor:
-        if groups != 1:
-            raise ValueError("the bfloat16 op computes one layer per call (groups=1)")
         return ops.fused_matmul_bf16(x, weights["packed"], bias, n=n, activation=activation,
-                                     num_k_dims=num_k_dims, n_dims=n_dims, name=name)
+                                     num_k_dims=num_k_dims, n_dims=n_dims, groups=groups, name=name)
 
     def kernel_path(self) -> str:
         return ops.low_precision_isa()["bfloat16"]
