@@ -18,6 +18,10 @@ PACKAGES = ("tensorflow", "apache-tvm", "apache-tvm-ffi", "onnxruntime", "tf2onn
 KERNEL_PEERS = ("xla", "onnxruntime", "tensorflow_onednn_off", "dietcode_generic")
 BERT_PEERS = ("dietcode", "dietcode_merged_qkv", "xla", "onnxruntime", "tensorflow_onednn_off")
 BERT_FAMILIES = ("bert_base.csv", "bert_base_exported.csv")  # bench.bert_base's CSVs, those the run wrote
+PRECISION_PEERS = ("tensorflow_bf16_amp", "onnxruntime", "onnxruntime_int8", "dietcode_float32", "dietcode_bfloat16",
+                   "dietcode_int8")
+# (ours, the peer it must stay ahead of at every T) in the precision run: "where tf_dietcode loses"
+PRECISION_RIVALS = (("dietcode_float32", "onnxruntime"), ("dietcode_int8", "onnxruntime_int8"))
 
 METHOD = """\
 - Threads: kernels through TF run with 2 intra-op threads (this machine's cores) and one inter-op
@@ -102,7 +106,10 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
                 "lengths per range and times T in {1, 17, 62, 128}: its tuned figures are below what the "
                 "default budget gives. It tunes DietCode's four kernel workloads only (BERT's other dense "
                 "shapes are tuned in the full run) and runs BERT-base without the merged-Q/K/V variant."
-                if quick else ""),
+                if quick else "")
+             + ("" if (results / "precision.csv").exists() else
+                " This run has no precision part (it was stopped before that part finished): the precision "
+                "figures are not on this page."),
              "## Machine\n\n" + machine(),
              "## Method\n\n" + METHOD,
              "## Peak\n\n" + table(["measure", "threads", "value"],
@@ -170,11 +177,65 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
                 [[f"`{w}`", *(cell(bert_speedups[p].get(w)) for p in BERT_PEERS)]
                  for w in dict.fromkeys(r["workload"] for r in bert)]))
 
-    parts.append("## Where tf_dietcode loses\n\n" + "\n".join(losses(tuned_speedups, peer_speedups, bert_speedups))
+    precision = read(results / "precision.csv") if (results / "precision.csv").exists() else []
+    if precision:
+        parts.append(precision_section(precision, read(results / "precision_accuracy.csv"),
+                                       read(results / "precision_limits.csv"), link))
+    parts.append("## Where tf_dietcode loses\n\n"
+                 + "\n".join(losses(tuned_speedups, peer_speedups, bert_speedups)
+                             + behind_at_each_t(bert, [("dietcode", "onnxruntime")])
+                             + behind_at_each_t(precision, PRECISION_RIVALS) or ["- nowhere in this run"])
                  + "\n\n## Suite run\n\n" + table(["part", "command", "wall s"],
                                                   [[r["part"], f"`{r['command']}`", f"{r['seconds']:.0f}"]
                                                    for r in runs]))
     return "\n\n".join(parts) + "\n"
+
+
+def precision_section(rows: list[dict], accuracy: list[dict], limits: list[dict], link) -> str:
+    """Speed-ups over TF float32 per precision and peer, accuracy against TF float32, and the DRAM
+    floor at batch 1's smallest T."""
+    by_peer = {peer: speedups(rows, peer) for peer in PRECISION_PEERS}
+    smallest = min(r["T"] for r in rows)
+    measured = {(r["workload"], r["peer"]): r["ms"] for r in rows if r["T"] == smallest}
+    dram = limits[0]["dram_gbps"]
+    return (
+        f"## Precision modes\n\nFrom {link('precision.csv')} (plot {link('precision.png')}), "
+        f"{link('precision_accuracy.csv')} and {link('precision_limits.csv')}: BERT-base (Keras layers, random "
+        "weights) and all-MiniLM-L6-v2 (pretrained weights), each optimized by `optimize(precision=...)` with "
+        "its defaults, against TF float32, TF's bfloat16 auto mixed precision (`tensorflow_bf16_amp`, in a "
+        "child process), ONNX Runtime float32 and ONNX Runtime int8 (`quantize_dynamic`, its defaults). "
+        "Speed-up over TF float32:\n\n"
+        + table(["model, batch", *PRECISION_PEERS],
+                [[f"`{w}`", *(cell(by_peer[p].get(w)) for p in PRECISION_PEERS)]
+                 for w in dict.fromkeys(r["workload"] for r in rows)])
+        + "\n\nAccuracy against TF float32 (MiniLM: every sentence's embedding; BERT-base: every token's "
+        "output on random token ids): the lowest cosine similarity, the row error as `max_error` bounds it, "
+        "and the dense layers the accuracy gate kept in float32.\n\n"
+        + table(["model", "peer", "min cosine", "row error", "kept in float32"],
+                [[f"`{r['model']}`", r["peer"], f"{r['min_cosine']:.5f}", f"{r['row_error']:.2g}",
+                  f"{r['dense_layers_kept_float32']:.0f}"] for r in accuracy])
+        + f"\n\nThe limit at batch 1, T = {smallest}: a call reads every dense weight once, so its weight bytes "
+        f"over the DRAM read bandwidth measured in this run ({dram:.1f} GB/s) bound its time from below, "
+        "unless they fit in the last-level cache.\n\n"
+        + table(["model", "peer", "weights MiB", "ms", "DRAM floor ms"],
+                [[f"`{r['model']}`", r["peer"], f"{r['weight_mib']:.0f}",
+                  f"{measured.get((r['model'] + '_batch1', r['peer']), float('nan')):.2f}",
+                  "in the LLC" if str(r["fits_in_llc"]) == "True" else f"{r['dram_floor_ms']:.2f}"]
+                 for r in limits]))
+
+
+def behind_at_each_t(rows: list[dict], pairs) -> list[str]:
+    """Per (ours, rival) pair: the workloads and T where the rival's call was faster than ours."""
+    ms = {(r["workload"], r["T"], r["peer"]): r["ms"] for r in rows}
+    lines = []
+    for ours, rival in pairs:
+        for workload in dict.fromkeys(r["workload"] for r in rows):
+            slower = [f"T={t} ({ms[w, t, rival]:.2f} against {ms[w, t, ours]:.2f} ms)"
+                      for (w, t, peer) in ms if w == workload and peer == ours and (w, t, rival) in ms
+                      and ms[w, t, rival] < ms[w, t, ours]]
+            if slower:
+                lines.append(f"- `{workload}`: {ours} behind {rival} at " + ", ".join(slower))
+    return lines
 
 
 def losses(tuned, peers, bert) -> list[str]:
@@ -195,4 +256,4 @@ def losses(tuned, peers, bert) -> list[str]:
         if workload not in tuned:
             lines.append(f"- `{workload}`: no tuned kernel is benchmarked for it; the generic kernel's figures "
                          "are in the kernels table")
-    return lines or ["- nowhere in this run"]
+    return lines

@@ -1,0 +1,38 @@
+"""docs/BENCHMARKS.md's precision section and its per-T losses, from rows shaped like the suite's CSVs."""
+
+from bench import benchmarks_md
+
+MS = {"tensorflow": 20.0, "tensorflow_bf16_amp": 25.0, "onnxruntime": 12.0, "onnxruntime_int8": 6.0,
+      "dietcode_float32": 13.0, "dietcode_bfloat16": 8.0, "dietcode_int8": 5.0}
+
+
+def rows(t: int, faster_ort_int8: bool = False) -> list[dict]:
+    times = MS | ({"onnxruntime_int8": 4.0} if faster_ort_int8 else {})
+    return [{"workload": "minilm_batch1", "T": t, "peer": peer, "ms": ms, "speedup_vs_tensorflow": 20.0 / ms}
+            for peer, ms in times.items()]
+
+
+def test_behind_at_each_t_names_every_t_where_the_rival_was_faster_and_no_other():
+    found = benchmarks_md.behind_at_each_t(rows(1) + rows(62, faster_ort_int8=True),
+                                           benchmarks_md.PRECISION_RIVALS)
+    assert found == ["- `minilm_batch1`: dietcode_float32 behind onnxruntime at T=1 (12.00 against 13.00 ms), "
+                     "T=62 (12.00 against 13.00 ms)",
+                     "- `minilm_batch1`: dietcode_int8 behind onnxruntime_int8 at T=62 (4.00 against 5.00 ms)"]
+    assert benchmarks_md.behind_at_each_t([], benchmarks_md.PRECISION_RIVALS) == []
+
+
+def test_precision_section_tabulates_speedups_accuracy_and_the_dram_floor():
+    accuracy = [{"model": "minilm", "peer": "dietcode_int8", "min_cosine": 0.99612, "row_error": 0.081,
+                 "dense_layers_kept_float32": 6.0}]
+    limits = [{"model": "minilm", "peer": "dietcode_int8", "weight_mib": 10.2, "fits_in_llc": "True",
+               "dram_gbps": 34.5, "dram_floor_ms": 0.3},
+              {"model": "minilm", "peer": "tensorflow", "weight_mib": 41.0, "fits_in_llc": "False",
+               "dram_gbps": 34.5, "dram_floor_ms": 1.24}]
+    text = benchmarks_md.precision_section(rows(1) + rows(5), accuracy, limits, lambda name: name)
+
+    assert "| `minilm_batch1` | 0.80x (0.80x at T=1) | 1.67x (1.67x at T=1) |" in text
+    assert text.count("4.00x (4.00x at T=1)") == 1  # int8's column
+    assert "| `minilm` | dietcode_int8 | 0.99612 | 0.081 | 6 |" in text
+    assert "(34.5 GB/s)" in text and "T = 1:" in text
+    assert "| `minilm` | dietcode_int8 | 10 | 5.00 | in the LLC |" in text
+    assert "| `minilm` | tensorflow | 41 | 20.00 | 1.24 |" in text
