@@ -51,7 +51,9 @@ import tensorflow as tf  # noqa: E402
 
 import tf_dietcode  # noqa: E402
 from bench import cli, encoder, exported_bert, hf_bert, onednn_off, onnx_peer, report, timing  # noqa: E402
+from tf_dietcode.optimizer import Report  # noqa: E402
 from tf_dietcode.tuning.database import Database  # noqa: E402
+from tf_dietcode.tuning.search import SearchOptions  # noqa: E402
 
 MAX_LENGTH = 128  # T 1..MAX_LENGTH
 SECONDS_PER_CELL = 20.0
@@ -130,16 +132,17 @@ def onednn_off_worker(saved_model: pathlib.Path, family: Family, cells: list[tup
     onednn_off.result_path(out).write_text(json.dumps(timings))
 
 
-def optimize(original: pathlib.Path, optimized: pathlib.Path, family: Family, batches: list[int], quick: bool,
-             out: pathlib.Path, **passes: bool) -> None:
-    """optimize() for batches x T 1..MAX_LENGTH (every input) from out's tuning database; `passes`: its
-    switches (horizontal_fusion, layer_norm_fusion)."""
+def optimize(original: pathlib.Path, optimized: pathlib.Path, family: Family, batches: list[int],
+             tuning: SearchOptions, database: Database, **passes: bool) -> Report:
+    """optimize() for batches x T 1..MAX_LENGTH (every input) at this budget, from this tuning database;
+    `passes`: its switches (horizontal_fusion, layer_norm_fusion). Returns its report."""
     started = time.perf_counter()
     ranges = {name: [(min(batches), max(batches)), (1, MAX_LENGTH)] for name in family.feed(1, 1)}
-    result = tf_dietcode.optimize(original, optimized, shape_ranges=ranges, tuning=cli.search_options(quick),
-                                  database=Database(out / "tuning.jsonl"), overwrite=True, **passes)
+    result = tf_dietcode.optimize(original, optimized, shape_ranges=ranges, tuning=tuning, database=database,
+                                  overwrite=True, **passes)
     print(result.summary())
     print(f"optimize() took {time.perf_counter() - started:.0f} s")
+    return result
 
 
 def run_family(family: Family, args) -> None:
@@ -153,7 +156,8 @@ def run_family(family: Family, args) -> None:
     models_dir.mkdir(parents=True, exist_ok=True)
     family.export(original)
     for _, path, fuse in variants:
-        optimize(original, path, family, args.batches, args.quick, args.out, horizontal_fusion=fuse)
+        optimize(original, path, family, args.batches, cli.search_options(args.quick),
+                 Database(args.out / "tuning.jsonl"), horizontal_fusion=fuse)
     cells = [(b, t) for b in args.batches for t in cli.sequence_lengths(args.quick)]
     off = dict(zip(cells, onednn_off.timings_from_child(
         "bench.bert_base", ["--families", family.key, "--cells", json.dumps(cells),

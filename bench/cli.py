@@ -3,6 +3,7 @@ benchmark tunes, the quick search budget) and `--out`, and what --quick picks.""
 
 import argparse
 import pathlib
+import shutil
 
 from bench.workloads import QUICK_SEQUENCE_LENGTHS, SEQUENCE_LENGTHS
 
@@ -25,3 +26,17 @@ def search_options(quick: bool):
     from tf_dietcode.tuning import search
 
     return search.QUICK if quick else search.SearchOptions()
+
+
+def tuning_database(path: pathlib.Path, copy_from: pathlib.Path | None = None):
+    """The tuning database at `path`, started (when copy_from is given) from a copy of copy_from's
+    tuning.jsonl and the kernels kept compiled beside it: a later part of the suite reads an earlier
+    part's tuning instead of repeating it, and never writes into that part's database."""
+    from tf_dietcode.tuning.database import Database
+
+    if copy_from is not None:
+        shutil.copyfile(copy_from / "tuning.jsonl", path)
+        kept = (copy_from / "tuning.jsonl").with_suffix(".kernels")
+        if kept.is_dir():
+            shutil.copytree(kept, path.with_suffix(".kernels"), dirs_exist_ok=True)
+    return Database(path)

@@ -261,12 +261,7 @@ def main(argv=None):
     if args.tf_amp_worker:
         return amp_worker(args.out, args.batches, args.quick)
     args.out.mkdir(parents=True, exist_ok=True)
-    database_path = args.out / "tuning.jsonl"
-    if args.tuning_database_from is not None:  # the records, and the kernels kept compiled beside them
-        shutil.copyfile(args.tuning_database_from / "tuning.jsonl", database_path)
-        kept = (args.tuning_database_from / "tuning.jsonl").with_suffix(".kernels")
-        if kept.is_dir():
-            shutil.copytree(kept, database_path.with_suffix(".kernels"), dirs_exist_ok=True)
+    database = cli.tuning_database(args.out / "tuning.jsonl", args.tuning_database_from)
     weights = {}
     for model in MODELS:
         original = args.out / model.name / "original"
@@ -277,7 +272,7 @@ def main(argv=None):
     amp_timings, amp_outputs = amp_from_child(args.out, args.batches, args.quick)
     kept_float32 = {(model.name, f"dietcode_{precision}"): optimize(
         model, args.out / model.name / "original", args.out / model.name / f"dietcode_{precision}", precision,
-        args.batches, args.quick, Database(database_path)) for model in MODELS for precision in DIETCODE_PRECISIONS}
+        args.batches, args.quick, database) for model in MODELS for precision in DIETCODE_PRECISIONS}
     sessions = {model.name: onnx_sessions(args.out / model.name / "original", args.out / model.name)
                 for model in MODELS}
     machine = hardware.detect()

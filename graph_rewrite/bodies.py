@@ -25,7 +25,7 @@ from collections.abc import Callable
 import tensorflow as tf
 from tensorflow.python.framework import function_def_to_graph, graph_to_function_def, op_def_registry
 
-from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, node_name, tensor_name
+from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, ancestors, node_name, tensor_name
 from tf_dietcode.graph_rewrite.fusions import dense_patterns
 from tf_dietcode.graph_rewrite.fusions.contract import LeftAlone
 
@@ -364,16 +364,7 @@ def _function_def(body: Body, graph_def, outputs: list[str], extra: list[str], p
 
 def needed_nodes(graph_def, outputs: list[str], controls: list[str]) -> set[str]:
     """Nodes the outputs and control outputs need, and every stateful node (which runs regardless)."""
-    nodes = {n.name: n for n in graph_def.node}
-    pending = [node_name(t) for t in outputs] + list(controls)
-    pending += [n.name for n in graph_def.node if _stateful(n.op)]
-    needed = set()
-    while pending:
-        name = pending.pop()
-        if name not in needed and name in nodes:
-            needed.add(name)
-            pending += [node_name(i) for i in nodes[name].input]
-    return needed
+    return ancestors(graph_def, [*outputs, *controls, *(n.name for n in graph_def.node if _stateful(n.op))])
 
 
 def _stateful(op: str) -> bool:

@@ -92,7 +92,7 @@ def _caches(body) -> list[_Cache]:
                 or index.consumers.get(gathered) != ([returned.name] if returned is not None else [])):
             continue
         params, rows, axis = (tensor_name(t) for t in gather.input[:3])
-        if (_value(index, axis) != 0 or gather.attr["batch_dims"].i != 0
+        if (index.scalar(axis) != 0 or gather.attr["batch_dims"].i != 0
                 or gather.attr["Tindices"].type != tf.int32.as_datatype_enum):
             continue
         concat = index.producer(params)
@@ -101,18 +101,13 @@ def _caches(body) -> list[_Cache]:
                 or concat.attr["T"].type != tf.float32.as_datatype_enum or data[0] != f"{argument}:0"
                 or index.consumers.get(data[0]) != [concat.name]):
             continue
-        shape, axis_value = index.shape(params), _value(index, data[2])
+        shape, axis_value = index.shape(params), index.scalar(data[2])
         if shape is None or axis_value is None:
             continue
         axis_value = int(axis_value) % len(shape)
         if axis_value >= 1:
             found.append(_Cache(i, concat.name, rows, axis_value, returned.name if returned is not None else None))
     return found
-
-
-def _value(index: GraphIndex, tensor: str):
-    value = index.value(tensor)
-    return None if value is None or np.size(value) != 1 else int(np.reshape(value, ()))
 
 
 def _reorder_append(concat, rows: str, axis: int) -> None:

@@ -19,7 +19,7 @@ import math
 import tensorflow as tf
 
 from tf_dietcode.graph_rewrite.analysis import shape_ranges
-from tf_dietcode.graph_rewrite.analysis.graph_index import node_name, tensor_name
+from tf_dietcode.graph_rewrite.analysis.graph_index import ancestors, tensor_name
 from tf_dietcode.graph_rewrite.analysis.signature_graph import SignatureGraph
 
 PRODUCTS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
@@ -39,7 +39,7 @@ class Coverage:
 
     def add(self, original: SignatureGraph, rewritten: SignatureGraph, inputs: list[list[tf.Tensor]]) -> None:
         """Counts one computation's products on each of `inputs` (in the signature's flat order)."""
-        kept = _needed(rewritten.graph_def, rewritten.output_tensors.values())
+        kept = ancestors(rewritten.graph_def, rewritten.output_tensors.values())
         try:
             counted = product_flops(original, inputs)
         except tf.errors.OpError as error:  # ranges reaching beyond what the model accepts
@@ -57,7 +57,7 @@ class Coverage:
 
 def product_flops(graph: SignatureGraph, inputs: list[list[tf.Tensor]]) -> dict[str, int]:
     """FLOPs of every product node the signature's outputs depend on, summed over runs on `inputs`."""
-    needed = _needed(graph.graph_def, graph.output_tensors.values())
+    needed = ancestors(graph.graph_def, graph.output_tensors.values())
     products = [node for node in graph.graph_def.node if node.op in PRODUCTS and node.name in needed]
     if not products:
         return {}
@@ -88,15 +88,3 @@ def _contracted(node, operands: list[list[int]]) -> int:
         sizes.update(zip(head, shape))
         sizes.update(zip(tail, shape[len(shape) - len(tail):]))
     return math.prod(size for label, size in sizes.items() if label not in output)
-
-
-def _needed(graph_def: tf.compat.v1.GraphDef, outputs) -> set[str]:
-    """The nodes that run to compute `outputs` (tensor names), control inputs included."""
-    inputs = {node.name: node.input for node in graph_def.node}
-    needed, pending = set(), [node_name(t) for t in outputs]
-    while pending:
-        name = pending.pop()
-        if name not in needed and name in inputs:
-            needed.add(name)
-            pending += [node_name(t) for t in inputs[name]]
-    return needed

@@ -37,6 +37,19 @@ def node_name(tensor: str) -> str:
     return tensor.lstrip("^").split(":")[0]
 
 
+def ancestors(graph_def: tf.compat.v1.GraphDef, roots) -> set[str]:
+    """The nodes `roots` name (tensors, nodes or control inputs) and every node they depend on,
+    through data and control inputs: what runs to compute them."""
+    inputs = {node.name: node.input for node in graph_def.node}
+    found, pending = set(), [node_name(root) for root in roots]
+    while pending:
+        name = pending.pop()
+        if name not in found and name in inputs:
+            found.add(name)
+            pending += [node_name(t) for t in inputs[name]]
+    return found
+
+
 def tensor_name(tensor: str) -> str:
     """'x' -> 'x:0'; control inputs stay as they are."""
     return tensor if tensor.startswith("^") or ":" in tensor else f"{tensor}:0"
@@ -85,6 +98,12 @@ class GraphIndex:
                 self._folded[node.name] = None if any(o is None for o in operands) else FOLDS[node.op](node, *operands)
             return self._folded[node.name]
         return tensor_util.constant_value(self.graph.get_tensor_by_name(tensor_name(tensor)))
+
+    def scalar(self, tensor: str) -> float | None:
+        """The tensor's fixed value where it holds one element (a [1] axis constant too), as a
+        float; else None."""
+        value = self.value(tensor)
+        return None if value is None or np.size(value) != 1 else float(np.ravel(value)[0])
 
     def _computed_nodes(self) -> set[str]:
         """Nodes whose elements depend on the signature's inputs (placeholders that stand for no

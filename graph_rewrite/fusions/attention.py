@@ -32,7 +32,6 @@ import collections
 import dataclasses
 import math
 
-import numpy as np
 import tensorflow as tf
 
 from tf_dietcode import ops
@@ -109,13 +108,11 @@ def _scalar_operand(index: GraphIndex, node, tensor: str) -> float | None:
     by (1/s for the division), or None."""
     inputs = [tensor_name(i) for i in node.input]
     if node.op == "Mul" and tensor in inputs:
-        value = index.value(inputs[1] if inputs[0] == tensor else inputs[0])
-    elif node.op == "RealDiv" and inputs[0] == tensor:
-        value = index.value(inputs[1])
-        value = None if value is None or np.size(value) != 1 else 1.0 / np.asarray(value, np.float64)
-    else:
-        return None
-    return float(value) if value is not None and np.size(value) == 1 else None
+        return index.scalar(inputs[1] if inputs[0] == tensor else inputs[0])
+    if node.op == "RealDiv" and inputs[0] == tensor:
+        divisor = index.scalar(inputs[1])
+        return None if divisor is None else 1.0 / divisor
+    return None
 
 
 def _fold_scale(index: GraphIndex, match: AttentionMatch, core) -> None:

@@ -102,12 +102,12 @@ def _last_axis_epsilon(index: GraphIndex, shape_of, captured: dict[str, str], no
     if not shape:
         return None
     rank, depth = len(shape), shape[-1]
-    epsilon = index.value(captured[EPSILON.name])
-    if epsilon is None or np.size(epsilon) != 1:
+    epsilon = index.scalar(captured[EPSILON.name])
+    if epsilon is None:
         return None
     for axes in AXES:
-        value = index.value(captured[axes.name])
-        if value is None or np.size(value) != 1 or int(np.ravel(value)[0]) % rank != rank - 1:
+        axis = index.scalar(captured[axes.name])
+        if axis is None or int(axis) % rank != rank - 1:
             return None
     if not all(index.nodes[n].attr["keep_dims"].b for n in nodes if index.nodes[n].op == "Mean"):
         return None
@@ -116,7 +116,7 @@ def _last_axis_epsilon(index: GraphIndex, shape_of, captured: dict[str, str], no
         if (not vector_shape or len(vector_shape) > rank or vector_shape[-1] != depth
                 or any(d != 1 for d in vector_shape[:-1])):
             return None
-    return float(np.ravel(epsilon)[0])
+    return epsilon
 
 
 def _known_shape(index: GraphIndex, tensor: str) -> list[int] | None:
