@@ -173,9 +173,7 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
         "embeddings, the padding mask as an attention bias, a tanh pooler); optimized by "
         "`tf_dietcode.optimize()` with its defaults (`dietcode`: Q/K/V as three GEMMs) and with horizontal "
         "fusion (`dietcode_merged_qkv`; full run only). Speed-up over TF:\n\n"
-        + table(["encoder, batch", *BERT_PEERS],
-                [[f"`{w}`", *(cell(bert_speedups[p].get(w)) for p in BERT_PEERS)]
-                 for w in dict.fromkeys(r["workload"] for r in bert)]))
+        + speedup_table(bert, BERT_PEERS, "encoder, batch"))
 
     precision = read(results / "precision.csv") if (results / "precision.csv").exists() else []
     if precision:
@@ -191,10 +189,16 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def speedup_table(rows: list[dict], peers, header: str) -> str:
+    """One row per workload (in the rows' order), one column per peer: cell() of its speed-ups over TF."""
+    by_peer = {peer: speedups(rows, peer) for peer in peers}
+    return table([header, *peers], [[f"`{w}`", *(cell(by_peer[p].get(w)) for p in peers)]
+                                     for w in dict.fromkeys(r["workload"] for r in rows)])
+
+
 def precision_section(rows: list[dict], accuracy: list[dict], limits: list[dict], link) -> str:
     """Speed-ups over TF float32 per precision and peer, accuracy against TF float32, and the DRAM
     floor at batch 1's smallest T."""
-    by_peer = {peer: speedups(rows, peer) for peer in PRECISION_PEERS}
     smallest = min(r["T"] for r in rows)
     measured = {(r["workload"], r["peer"]): r["ms"] for r in rows if r["T"] == smallest}
     dram = limits[0]["dram_gbps"]
@@ -205,9 +209,7 @@ def precision_section(rows: list[dict], accuracy: list[dict], limits: list[dict]
         "its defaults, against TF float32, TF's bfloat16 auto mixed precision (`tensorflow_bf16_amp`, in a "
         "child process), ONNX Runtime float32 and ONNX Runtime int8 (`quantize_dynamic`, its defaults). "
         "Speed-up over TF float32:\n\n"
-        + table(["model, batch", *PRECISION_PEERS],
-                [[f"`{w}`", *(cell(by_peer[p].get(w)) for p in PRECISION_PEERS)]
-                 for w in dict.fromkeys(r["workload"] for r in rows)])
+        + speedup_table(rows, PRECISION_PEERS, "model, batch")
         + "\n\nAccuracy against TF float32 (MiniLM: every sentence's embedding; BERT-base: every token's "
         "output on random token ids): the lowest cosine similarity, the row error as `max_error` bounds it, "
         "and the dense layers the accuracy gate kept in float32.\n\n"
