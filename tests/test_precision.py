@@ -83,18 +83,22 @@ def test_the_written_model_holds_converted_weights_and_no_float32_copy(optimized
     precision, root, _ = optimized
     written, original = (tf.saved_model.load(str(root / name)) for name in ("optimized", "original"))
     variables = _variables(written)
-    converted = [v for v in variables if v.name.startswith("dietcode_weight")]
-    low = tf.int8 if precision == "int8" else tf.bfloat16
-    # two dense layers on 3-D input, the attention output, the last Dense, and Q/K/V: one merged weight
-    # in int8 (horizontal fusion), three in bfloat16
-    assert sum(v.dtype == low for v in converted) == (5 if precision == "int8" else 7)
-    if precision == "int8":  # per output column: a float32 scale and the int32 sum of its weights
-        assert sorted(v.dtype.name for v in converted if v.dtype != low and v.shape.rank == 1) == \
-            ["float32"] * 5 + ["int32"] * 5
-    kernels = [v.numpy() for v in _variables(original) if "kernel" in v.name]
+    # the weights packed one variable per dtype (graph_rewrite/weight_arena.py): the converted
+    # weights, int8's per-column scales (float32) and column sums (int32), the biases and layer norms
+    arenas = {v.dtype.name: v.numpy() for v in variables if v.name.startswith("dietcode_weights_")}
+    low = "int8" if precision == "int8" else "bfloat16"
+    assert set(arenas) == ({"int8", "int32", "float32"} if precision == "int8" else {"bfloat16", "float32"})
+    # two dense layers of 32 x 64 and 64 x 32, Q/K/V and the attention output of 32 x 32 each, the
+    # last of 32 x 8 (its 8 columns in a block of 16)
+    assert arenas[low].size == 2 * 32 * 64 + 4 * 32 * 32 + 32 * 16
+    if precision == "int8":  # per output column, the int32 sum of its weights (the last layer's 32
+        assert arenas["int32"].size == 64 + 32 + 3 * 32 + 32  # bytes stay a variable of their own)
+    kernels = [v.numpy().ravel() for v in _variables(original) if "kernel" in v.name]
     for variable in variables:  # not one of the dense layers' float32 kernels is kept
-        assert not any(variable.shape == kernel.shape and np.array_equal(variable.numpy(), kernel)
-                       for kernel in kernels), variable.name
+        values = variable.numpy().ravel()
+        for kernel in kernels:
+            assert not any(np.array_equal(values[start:start + kernel.size], kernel)
+                           for start in range(0, values.size - kernel.size + 1, 16)), variable.name
 
 
 def test_an_unknown_precision_is_a_clear_error(tmp_path, rng):

@@ -28,7 +28,7 @@ import tensorflow as tf
 from tf_dietcode import bundle_store, control_flow, endpoints, output_check, serving_warmup
 from tf_dietcode.atomic_output import atomic_directory
 from tf_dietcode.coverage import Coverage
-from tf_dietcode.graph_rewrite import cache_reorder, fusions, loop_invariants, slice_sinking, splice
+from tf_dietcode.graph_rewrite import cache_reorder, fusions, loop_invariants, slice_sinking, splice, weight_arena
 from tf_dietcode.graph_rewrite.analysis import loop_ranges, shape_ranges, signature_graph
 from tf_dietcode.graph_rewrite.analysis.graph_index import GraphIndex, node_name
 from tf_dietcode.graph_rewrite.analysis.symbolic_shapes import SymbolicShapes
@@ -459,7 +459,7 @@ class Converter:
 
         def run(kept: list[tuple]) -> OutputCheck:
             keep(kept)
-            self._module()
+            self._module(pack_weights=False)
             return output_check.compare(reference, self._run_rewritten, self.max_error)
 
         def evaluate(in_float32: int) -> OutputCheck:
@@ -555,9 +555,11 @@ class Converter:
                                          f"({failures[seen]}); the shape ranges reach beyond what it accepts")
         return kept
 
-    def _module(self) -> tf.Module:
+    def _module(self, pack_weights: bool = True) -> tf.Module:
         """A module tracking the variables, tables, packed weights and bundle the rewritten signatures
-        capture, and the input's assets; it has the input's own functions that are signatures too."""
+        capture, and the input's assets; it has the input's own functions that are signatures too.
+        pack_weights: the weights they only read go into one variable per dtype (weight_arena; the
+        accuracy gate's trial modules skip it: it changes no value)."""
         module = tf.Module()
         module.resources_kept, module.dense_weights, self._signatures = [], [], {}
         module.assets_kept = signature_graph.assets_of(self.loaded)
@@ -571,9 +573,14 @@ class Converter:
         rewritten_functions = {}  # signatures that compute alike (Keras' serve, serving_default) share one
         self._rewritten, self._spliced = {}, {}
         for graph in self.graphs:
+            if self._computations[graph.key] not in self._rewritten:
+                self._rewritten[self._computations[graph.key]] = self._rewrite(graph, module)
+        if pack_weights and module.tf1_initializer is None:  # a TF1 initializer assigns its variables
+            self._pack_weights(module)
+        for graph in self.graphs:
             computation = self._computations[graph.key]
             if computation not in rewritten_functions:
-                rewritten = self._rewritten[computation] = self._rewrite(graph, module)
+                rewritten = self._rewritten[computation]
                 # a TF1 model's initializer captures its variables too: they stay, read or not
                 read = rewritten.captures if module.tf1_initializer is None else graph.captures
                 module.resources_kept += [self._resources[id(t)] for t in read.values() if id(t) in self._resources]
@@ -588,6 +595,24 @@ class Converter:
             self.report.fused.update(form for _, fusion, match, _, _ in self._spliced[computation]
                                      for form in fusion.forms(match))
         return module
+
+    def _pack_weights(self, module: tf.Module) -> None:
+        """The rewritten signatures reading the weights they only read from one variable per dtype;
+        the packed variables leave the module."""
+        variables = {id(v.handle): v for v in module.dense_weights}
+        variables.update((key, r) for key, r in self._resources.items() if isinstance(r, tf.Variable))
+
+        def variable_of(tensor: tf.Tensor) -> tf.Variable | None:
+            return variables.get(id(tensor))
+
+        arena = weight_arena.Arena()
+        for variable in weight_arena.packable(self._rewritten.values(), variable_of):
+            arena.add(variable)
+        arenas = arena.variables()
+        self._rewritten = {computation: weight_arena.pack(graph, arena, arenas, variable_of)
+                           for computation, graph in self._rewritten.items()}
+        captured = {id(t) for graph in self._rewritten.values() for t in graph.captures.values()}
+        module.dense_weights = [v for v in module.dense_weights if id(v.handle) in captured] + list(arenas.values())
 
     def _rewrite(self, graph: signature_graph.SignatureGraph, module: tf.Module) -> signature_graph.SignatureGraph:
         """The signature with every match spliced in as a fused op, capturing only what it reads (the
