@@ -1,10 +1,10 @@
 """The weights a rewritten model only reads, packed into one variable per dtype (an arena).
 
 A signature called from Python pays for every variable it captures: TF's function call handles
-each captured input on its own, about 2.5 us apiece on the 2-core machines measured, so BERT-base
-with its 195 variables (339 in int8: packed weight, scale and column sums per layer) spent
-0.5-0.8 ms a call on them, as much as its dense layers take at batch 1 in int8 (decisions.md,
-"Weights in one variable per dtype"). Packed, a call captures a handful of arenas; each is read
+each captured input on its own, about 2.5 us apiece on the 2-core machine measured. BERT-base
+captured 195 variables (339 in int8: packed weight, scale and column sums per layer); packed, its
+call at batch 1, T = 1 took 1.0 ms less in bfloat16 (7.7 to 6.7 ms; decisions.md, "Weights in one
+variable per dtype"). Packed, a call captures a handful of arenas; each is read
 once and split (SplitV on dim 0) into its arrays, which Reshape gives their shapes. Every array
 starts at a multiple of 64 bytes and spans whole 64-byte lines, so TF's SplitV hands out views of
 the arena's buffer: nothing is copied (a misaligned split copies the whole arena every call).
