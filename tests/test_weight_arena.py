@@ -84,12 +84,12 @@ def test_only_read_weights_are_packed_and_outputs_and_state_are_unchanged(statef
 
 def test_packing_leaves_nothing_unaligned_or_written():
     """packable() on a graph by hand: a read-only weight is packed; the same weight also assigned in
-    another graph, and one of 12 bytes, are not."""
+    another graph, one of 12 bytes and one of strings are not."""
     read_only, assigned = tf.Variable(np.ones(16, np.float32)), tf.Variable(np.ones(16, np.float32))
-    small = tf.Variable(np.ones(3, np.float32))
-    graphs = [_graph({"a": read_only, "b": assigned, "c": small}, reads=["a", "b", "c"]),
+    small, words = tf.Variable(np.ones(3, np.float32)), tf.Variable(["a"] * 16)
+    graphs = [_graph({"a": read_only, "b": assigned, "c": small, "d": words}, reads=["a", "b", "c", "d"]),
               _graph({"b": assigned}, reads=[], assigns=["b"])]
-    variables = {id(v.handle): v for v in (read_only, assigned, small)}
+    variables = {id(v.handle): v for v in (read_only, assigned, small, words)}
     assert weight_arena.packable(graphs, lambda t: variables.get(id(t))) == [read_only]
 
 
@@ -101,7 +101,7 @@ def _graph(captured: dict, reads: list[str], assigns: tuple = ()):
         graph_def.node.add(name=name, op="Placeholder").attr["dtype"].type = tf.resource.as_datatype_enum
     for name in reads:
         graph_def.node.add(name=f"{name}/read", op="ReadVariableOp", input=[name]).attr["dtype"].type = \
-            tf.float32.as_datatype_enum
+            captured[name].dtype.as_datatype_enum
     for name in assigns:
         graph_def.node.add(name=f"{name}/assign", op="AssignVariableOp", input=[name, "value"])
     return SignatureGraph("serving_default", {}, {}, {}, {name: v.handle for name, v in captured.items()}, graph_def)
