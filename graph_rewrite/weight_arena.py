@@ -35,23 +35,21 @@ class _Segment:
 
 
 class Arena:
-    """The variables to pack and where each lands: one arena per dtype, segments in the order added."""
+    """The packed variables' arenas, one per dtype (their values in the order given), and where each
+    variable lands."""
 
-    def __init__(self):
+    def __init__(self, variables: Iterable[tf.Variable]):
         self._segments: dict[int, _Segment] = {}                 # id(variable) -> its segment
         self._parts: dict[tf.DType, list[tf.Variable]] = collections.defaultdict(list)
-
-    def add(self, variable: tf.Variable) -> None:
-        if id(variable) not in self._segments:
-            parts = self._parts[variable.dtype]
-            self._segments[id(variable)] = _Segment(variable.dtype, len(parts), tuple(variable.shape))
-            parts.append(variable)
-
-    def variables(self) -> dict[tf.DType, tf.Variable]:
-        """Each dtype's arena: its variables' values one after another, flat."""
-        return {dtype: tf.Variable(np.concatenate([np.ravel(part.numpy()) for part in parts]), trainable=False,
-                                   name=f"dietcode_weights_{dtype.name}")
-                for dtype, parts in self._parts.items()}
+        for variable in variables:
+            if id(variable) not in self._segments:
+                parts = self._parts[variable.dtype]
+                self._segments[id(variable)] = _Segment(variable.dtype, len(parts), tuple(variable.shape))
+                parts.append(variable)
+        # each dtype's arena: its variables' values one after another, flat
+        self.variables = {dtype: tf.Variable(np.concatenate([np.ravel(part.numpy()) for part in parts]),
+                                             trainable=False, name=f"dietcode_weights_{dtype.name}")
+                          for dtype, parts in self._parts.items()}
 
     def sizes(self, dtype: tf.DType) -> list[int]:
         return [int(np.prod(part.shape)) for part in self._parts[dtype]]
@@ -84,7 +82,7 @@ def packable(graphs: Iterable[SignatureGraph],
     return [variable for key, variable in found.items() if key not in refused]
 
 
-def pack(graph: SignatureGraph, arena: Arena, arenas: dict[tf.DType, tf.Variable],
+def pack(graph: SignatureGraph, arena: Arena,
          variable_of: Callable[[tf.Tensor], tf.Variable | None]) -> SignatureGraph:
     """The graph reading its packed variables from the arenas: each ReadVariableOp of one becomes a
     Reshape (same name) of its segment of its arena's split; the variables' placeholders (and the
@@ -103,7 +101,7 @@ def pack(graph: SignatureGraph, arena: Arena, arenas: dict[tf.DType, tf.Variable
         segment = arena.segment(variable)
         if segment.dtype not in splits:
             splits[segment.dtype] = _add_split(graph_def, segment.dtype, arena.sizes(segment.dtype))
-            captures[f"dietcode/weights_{segment.dtype.name}"] = arenas[segment.dtype].handle
+            captures[f"dietcode/weights_{segment.dtype.name}"] = arena.variables[segment.dtype].handle
         passing, reads = _reads(readers, name, variable.dtype)
         dropped.update(passing)
         for read in reads:

@@ -605,14 +605,12 @@ class Converter:
         def variable_of(tensor: tf.Tensor) -> tf.Variable | None:
             return variables.get(id(tensor))
 
-        arena = weight_arena.Arena()
-        for variable in weight_arena.packable(self._rewritten.values(), variable_of):
-            arena.add(variable)
-        arenas = arena.variables()
-        self._rewritten = {computation: weight_arena.pack(graph, arena, arenas, variable_of)
+        arena = weight_arena.Arena(weight_arena.packable(self._rewritten.values(), variable_of))
+        self._rewritten = {computation: weight_arena.pack(graph, arena, variable_of)
                            for computation, graph in self._rewritten.items()}
         captured = {id(t) for graph in self._rewritten.values() for t in graph.captures.values()}
-        module.dense_weights = [v for v in module.dense_weights if id(v.handle) in captured] + list(arenas.values())
+        module.dense_weights = [v for v in module.dense_weights if id(v.handle) in captured] + \
+            list(arena.variables.values())
 
     def _rewrite(self, graph: signature_graph.SignatureGraph, module: tf.Module) -> signature_graph.SignatureGraph:
         """The signature with every match spliced in as a fused op, capturing only what it reads (the
