@@ -30,10 +30,12 @@ def add_placeholder(graph_def: tf.compat.v1.GraphDef, name: str, dtype: tf.DType
     node.attr["dtype"].type = dtype.as_datatype_enum
 
 
-def add_string_constant(graph_def: tf.compat.v1.GraphDef, name: str, value: str) -> None:
+def add_constant(graph_def: tf.compat.v1.GraphDef, name: str, value) -> None:
+    """A Const node holding `value` (a string, an array), of the dtype TF gives it."""
+    tensor = tf.make_tensor_proto(value)
     node = graph_def.node.add(name=name, op="Const")
-    node.attr["dtype"].type = tf.string.as_datatype_enum
-    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
+    node.attr["dtype"].type = tensor.dtype
+    node.attr["value"].tensor.CopyFrom(tensor)
 
 
 def splice(graph_def: tf.compat.v1.GraphDef, replacement: tf.compat.v1.GraphDef, bound: dict[str, str | None],

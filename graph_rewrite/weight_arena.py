@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import tensorflow as tf
 
+from tf_dietcode.graph_rewrite import splice
 from tf_dietcode.graph_rewrite.analysis.graph_index import node_name
 from tf_dietcode.graph_rewrite.analysis.signature_graph import SignatureGraph
 
@@ -149,11 +150,11 @@ def _add_split(graph_def: tf.compat.v1.GraphDef, dtype: tf.DType, sizes: list[in
     """Placeholder dietcode/weights_<dtype> (the arena's handle), its read and its split; returns the
     split's name."""
     prefix = f"dietcode/weights_{dtype.name}"
-    graph_def.node.add(name=prefix, op="Placeholder").attr["dtype"].type = tf.resource.as_datatype_enum
+    splice.add_placeholder(graph_def, prefix, tf.resource)
     read = graph_def.node.add(name=f"{prefix}/read", op="ReadVariableOp", input=[prefix])
     read.attr["dtype"].type = dtype.as_datatype_enum
-    _add_constant(graph_def, f"{prefix}/sizes", np.array(sizes, np.int64))
-    _add_constant(graph_def, f"{prefix}/axis", np.array(0, np.int32))
+    splice.add_constant(graph_def, f"{prefix}/sizes", np.array(sizes, np.int64))
+    splice.add_constant(graph_def, f"{prefix}/axis", np.array(0, np.int32))
     split = graph_def.node.add(name=f"{prefix}/split", op="SplitV",
                                input=[f"{prefix}/read", f"{prefix}/sizes", f"{prefix}/axis"])
     split.attr["T"].type = dtype.as_datatype_enum
@@ -164,7 +165,7 @@ def _add_split(graph_def: tf.compat.v1.GraphDef, dtype: tf.DType, sizes: list[in
 
 def _as_reshape(graph_def: tf.compat.v1.GraphDef, node, segment_tensor: str, segment: _Segment) -> None:
     shape = f"{node.name}/shape"
-    _add_constant(graph_def, shape, np.array(segment.shape, np.int64))
+    splice.add_constant(graph_def, shape, np.array(segment.shape, np.int64))
     node.op = "Reshape"
     del node.input[:]
     node.input.extend([segment_tensor, shape])
@@ -172,8 +173,3 @@ def _as_reshape(graph_def: tf.compat.v1.GraphDef, node, segment_tensor: str, seg
     node.attr["T"].type = segment.dtype.as_datatype_enum
     node.attr["Tshape"].type = tf.int64.as_datatype_enum
 
-
-def _add_constant(graph_def: tf.compat.v1.GraphDef, name: str, value: np.ndarray) -> None:
-    node = graph_def.node.add(name=name, op="Const")
-    node.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
-    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))

@@ -335,7 +335,7 @@ class _BodyBinding:
         if getattr(match, "core", None) in self.kernels_by_core:
             return self.get(Threaded("dietcode_bundle", tf.string, lambda: self.outer.bundle))
         if not any(n.name == "dietcode/generic_bundle" for n in self.body_def.node):
-            splice.add_string_constant(self.body_def, "dietcode/generic_bundle", "")
+            splice.add_constant(self.body_def, "dietcode/generic_bundle", "")
         return "dietcode/generic_bundle:0"
 
 

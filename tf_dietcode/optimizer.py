@@ -621,7 +621,7 @@ class Converter:
             splice.add_placeholder(graph_def, splice.BUNDLE_PLACEHOLDER, tf.string)
             captures[splice.BUNDLE_PLACEHOLDER] = module.bundle_manifest.asset_path
         else:  # nothing tuned: every op runs the generic kernel
-            splice.add_string_constant(graph_def, splice.BUNDLE_PLACEHOLDER, "")
+            splice.add_constant(graph_def, splice.BUNDLE_PLACEHOLDER, "")
         kernels = {core: self._kernels[workload] for (key, core), workload in self._workloads.items()
                    if key == graph.key}
         precisions = {id(match): modes.get(self._precision(graph.key, fusion, match).precision)
