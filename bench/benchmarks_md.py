@@ -100,7 +100,7 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
     bert = [row for name in bert_files for row in read(results / name)]
     mode = "quick" if quick else "full"
     parts = [f"# Benchmarks\n\nWritten by `python -m bench.suite{' --quick' if quick else ''}` "
-             f"({mode} run) on {datetime.date.today()} from commit {runs[0].get('commit', 'unknown')}. Every figure below is read from the CSVs in "
+             f"({mode} run) on {datetime.date.today()} from {commits(runs)}. Every figure below is read from the CSVs in "
              f"[`results/suite/`]({results.relative_to(docs)}) that this run wrote; the command that wrote each is in {link('suite_runs.csv')}."
              + (" A quick run tunes 12 micro-kernels per workload (the default budget: 64) at 4 sample "
                 "lengths per range and times T in {1, 17, 62, 128}: its tuned figures are below what the "
@@ -194,6 +194,16 @@ def speedup_table(rows: list[dict], peers, header: str) -> str:
     by_peer = {peer: speedups(rows, peer) for peer in peers}
     return table([header, *peers], [[f"`{w}`", *(cell(by_peer[p].get(w)) for p in peers)]
                                      for w in dict.fromkeys(r["workload"] for r in rows)])
+
+
+def commits(runs: list[dict]) -> str:
+    """The commit the suite's parts ran from, or each part's where a rerun part (--parts) ran from another."""
+    parts = defaultdict(list)
+    for run in runs:
+        parts[run.get("commit", "unknown")].append(run["part"])
+    if len(parts) == 1:
+        return f"commit {next(iter(parts))}"
+    return "commits " + "; ".join(f"{commit} ({', '.join(names)})" for commit, names in parts.items())
 
 
 def precision_section(rows: list[dict], accuracy: list[dict], limits: list[dict], link) -> str:

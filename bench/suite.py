@@ -1,6 +1,6 @@
 """The whole benchmark suite in one command, and docs/BENCHMARKS.md from what it wrote.
 
-    python -m bench.suite [--quick] [--out bench/results/suite] [--docs docs]
+    python -m bench.suite [--quick] [--out bench/results/suite] [--docs docs] [--parts PART ...]
 
 Runs each part in its own process, one after another (never two timings at
 once on this 2-core machine), from a fresh output directory (so tuning times
@@ -13,6 +13,10 @@ quick mode (a few T, the quick tuning budget); the full run took 2 h 31 min on a
 Zen 4 (an hour of it bert_base, 44 min precision).
 Then copies every CSV and plot into <docs>/results/suite/ and writes
 <docs>/BENCHMARKS.md from those CSVs alone.
+
+--parts reruns only the named parts into the existing --out, reading the earlier parts' outputs
+there (a change that touches one part's figures need not wait 2.5 hours), and records the
+commit each part ran from in suite_runs.csv.
 """
 
 import argparse
@@ -51,18 +55,31 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="every part's quick mode (18-35 minutes)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results/suite"))
     parser.add_argument("--docs", type=pathlib.Path, default=pathlib.Path("docs"))
+    parser.add_argument("--parts", nargs="+", choices=[part for part, _, _ in PARTS],
+                        help="rerun only these parts into the existing --out (default: every part, afresh)")
     args = parser.parse_args(argv)
-    shutil.rmtree(args.out, ignore_errors=True)
-    args.out.mkdir(parents=True)
-    runs, commit = [], source_commit()
+    if args.parts:
+        runs = [run for run in report.read(args.out / "suite_runs.csv") if run["part"] not in args.parts]
+        missing = [str(args.out / earlier) for part, _, inputs in PARTS if part in args.parts
+                   for earlier in inputs.values() if not (args.out / earlier).is_dir()]
+        if missing:
+            parser.error(f"--parts reads the earlier parts' outputs, missing: {', '.join(missing)}")
+    else:
+        shutil.rmtree(args.out, ignore_errors=True)
+        args.out.mkdir(parents=True)
+        runs = []
+    commit = source_commit()
     for part, has_quick, inputs in PARTS:
+        if args.parts and part not in args.parts:
+            continue
         line = command(part, has_quick, inputs, args.quick, args.out)
         print(f"\n=== {' '.join(line[1:])}", flush=True)
         started = time.perf_counter()
         subprocess.run(line, check=True)
         runs.append({"part": part, "command": "python " + " ".join(line[1:]),
                      "seconds": time.perf_counter() - started, "commit": commit})
-    report.write_csv(runs, args.out / "suite_runs.csv")
+    order = [part for part, _, _ in PARTS]
+    report.write_csv(sorted(runs, key=lambda run: order.index(run["part"])), args.out / "suite_runs.csv")
 
     published = args.docs / "results" / "suite"
     shutil.rmtree(published, ignore_errors=True)

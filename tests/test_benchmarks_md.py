@@ -1,4 +1,9 @@
-"""docs/BENCHMARKS.md's precision section and its per-T losses, from rows shaped like the suite's CSVs."""
+"""docs/BENCHMARKS.md: its precision section, its per-T losses and its header, from rows shaped like the suite's CSVs;
+bench.suite --parts rerunning one part."""
+
+import pathlib
+
+import pytest
 
 from bench import benchmarks_md
 
@@ -36,3 +41,42 @@ def test_precision_section_tabulates_speedups_accuracy_and_the_dram_floor():
     assert "(34.5 GB/s)" in text and "T = 1:" in text
     assert "| `minilm` | dietcode_int8 | 10 | 5.00 | in the LLC |" in text
     assert "| `minilm` | tensorflow | 41 | 20.00 | 1.24 |" in text
+
+
+def test_header_names_each_parts_commit_where_a_rerun_part_differs():
+    runs = [{"part": "peak", "commit": "aaa"}, {"part": "bert_base", "commit": "aaa"}]
+    assert benchmarks_md.commits(runs) == "commit aaa"
+    assert benchmarks_md.commits(runs + [{"part": "precision", "commit": "bbb"}]) == \
+        "commits aaa (peak, bert_base); bbb (precision)"
+
+
+def test_suite_parts_rerun_one_part_and_keep_the_others_runs(tmp_path, monkeypatch):
+    from bench import report, suite
+
+    out, docs = tmp_path / "out", tmp_path / "docs"
+    out.mkdir()
+    report.write_csv([{"part": part, "command": "old", "seconds": 1.0, "commit": "old"} for part, _, _ in suite.PARTS],
+                     out / "suite_runs.csv")
+    ran = []
+
+    def run(line, check):  # a part writes its CSV
+        ran.append(line)
+        part_out = pathlib.Path(line[line.index("--out") + 1])
+        part_out.mkdir(parents=True, exist_ok=True)
+        (part_out / f"{part_out.name}.csv").write_text("x\n1\n")
+
+    monkeypatch.setattr(suite.subprocess, "run", run)
+    monkeypatch.setattr(suite, "source_commit", lambda: "new")
+    monkeypatch.setattr(suite.benchmarks_md, "render", lambda published, docs_dir, quick: "rendered\n")
+    with pytest.raises(SystemExit):  # precision reads bert_base's output, not there yet
+        suite.main(["--out", str(out), "--docs", str(docs), "--parts", "precision"])
+    (out / "bert_base").mkdir()
+    suite.main(["--out", str(out), "--docs", str(docs), "--parts", "precision"])
+
+    assert [line[2] for line in ran] == ["bench.precision"]
+    assert "--tuning-database-from" in ran[0] and str(out / "bert_base") in ran[0]
+    runs = report.read(out / "suite_runs.csv")
+    assert [run["part"] for run in runs] == [part for part, _, _ in suite.PARTS]
+    assert {run["part"]: run["commit"] for run in runs}["precision"] == "new"
+    assert {run["commit"] for run in runs if run["part"] != "precision"} == {"old"}
+    assert (docs / "results" / "suite" / "precision.csv").exists() and (docs / "BENCHMARKS.md").read_text() == "rendered\n"
