@@ -2,6 +2,7 @@
 dtype, read as views of it (no copy); variables the model assigns, gathers from or cannot split on
 64-byte lines stay variables of their own, and every output and every assignment stays as it was."""
 import ctypes
+import gc
 
 import numpy as np
 import pytest
@@ -80,6 +81,18 @@ def test_only_read_weights_are_packed_and_outputs_and_state_are_unchanged(statef
         actual = optimized.signatures["serving_default"](ids=ids)["out"].numpy()
         np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(counter.numpy(), counted + 3)  # still a variable it assigns
+
+
+def test_a_save_holds_each_packed_weight_once(stateful_model, tmp_path):
+    """Once packed, the per-layer variables optimize() converted the weights into are freed, the
+    converter still alive: a save holds each weight once (in its arena), not twice."""
+    root, _ = stateful_model
+    converter = tf_dietcode.Converter(root / "original", shape_ranges={"ids": [(1, 4), (1, 6)]},
+                                      tuning=search.SearchOptions(**TINY_TUNING_OPTIONS), database=shared_database())
+    converter.convert().build().save(tmp_path / "optimized")
+    gc.collect()
+    live = [v.name for v in gc.get_objects() if isinstance(v, tf.Variable) and v.name.startswith("dietcode_weight")]
+    assert live == [], live
 
 
 def test_packing_leaves_nothing_unaligned_or_written():

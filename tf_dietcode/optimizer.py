@@ -575,6 +575,7 @@ class Converter:
         for graph in self.graphs:
             if self._computations[graph.key] not in self._rewritten:
                 self._rewritten[self._computations[graph.key]] = self._rewrite(graph, module)
+        self._weights_by_content.clear()  # the module holds them; once packed, their memory goes with it
         if pack_weights and module.tf1_initializer is None:  # a TF1 initializer assigns its variables
             self._pack_weights(module)
         for graph in self.graphs:
