@@ -183,9 +183,9 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
                  + "\n".join(losses(tuned_speedups, peer_speedups, bert_speedups)
                              + behind_at_each_t(bert, [("dietcode", "onnxruntime")])
                              + behind_at_each_t(precision, PRECISION_RIVALS) or ["- nowhere in this run"])
-                 + "\n\n## Suite run\n\n" + table(["part", "command", "wall s"],
-                                                  [[r["part"], f"`{r['command']}`", f"{r['seconds']:.0f}"]
-                                                   for r in runs]))
+                 + "\n\n## Suite run\n\n" + table(["part", "command", "wall s", "commit"],
+                                                  [[r["part"], f"`{r['command']}`", f"{r['seconds']:.0f}",
+                                                    r.get("commit", "unknown")] for r in runs]))
     return "\n\n".join(parts) + "\n"
 
 
