@@ -20,6 +20,10 @@ BERT_PEERS = ("dietcode", "dietcode_merged_qkv", "xla", "onnxruntime", "tensorfl
 BERT_FAMILIES = ("bert_base.csv", "bert_base_exported.csv")  # bench.bert_base's CSVs, those the run wrote
 PRECISION_PEERS = ("tensorflow_bf16_amp", "onnxruntime", "onnxruntime_int8", "dietcode_float32", "dietcode_bfloat16",
                    "dietcode_int8")
+# The multiply-add loop of bench.peak that bounds each precision peer at large T.
+PEER_PEAK = {"tensorflow": "fma_loop", "onnxruntime": "fma_loop", "dietcode_float32": "fma_loop",
+             "tensorflow_bf16_amp": "bf16_dot_loop", "dietcode_bfloat16": "bf16_dot_loop",
+             "onnxruntime_int8": "int8_dot_loop", "dietcode_int8": "int8_dot_loop"}
 # (ours, the peer it must stay ahead of at every T) in the precision run: "where tf_dietcode loses"
 PRECISION_RIVALS = (("dietcode_float32", "onnxruntime"), ("dietcode_int8", "onnxruntime_int8"))
 
@@ -178,7 +182,7 @@ def render(results: pathlib.Path, docs: pathlib.Path, quick: bool) -> str:
     precision = read(results / "precision.csv") if (results / "precision.csv").exists() else []
     if precision:
         parts.append(precision_section(precision, read(results / "precision_accuracy.csv"),
-                                       read(results / "precision_limits.csv"), link))
+                                       read(results / "precision_limits.csv"), peaks, link))
     parts.append("## Where tf_dietcode loses\n\n"
                  + "\n".join(losses(tuned_speedups, peer_speedups, bert_speedups)
                              + behind_at_each_t(bert, [("dietcode", "onnxruntime")])
@@ -206,9 +210,29 @@ def commits(runs: list[dict]) -> str:
     return "commits " + "; ".join(f"{commit} ({', '.join(names)})" for commit, names in parts.items())
 
 
-def precision_section(rows: list[dict], accuracy: list[dict], limits: list[dict], link) -> str:
-    """Speed-ups over TF float32 per precision and peer, accuracy against TF float32, and the DRAM
-    floor at batch 1's smallest T."""
+def compute_floor_table(rows: list[dict], limits: list[dict], peaks: list[dict]) -> str:
+    """At the largest batch and T: each peer's dense multiply-adds over the peak of the loop of its
+    precision's instruction (bench.peak), against its time."""
+    peak = {r["measure"]: r for r in peaks}
+    params = {r["model"]: r["weight_mib"] * 2**20 / 4 for r in limits if r["peer"] == "tensorflow"}  # float32
+    batch = max(int(r["workload"].rpartition("_batch")[2]) for r in rows)
+    largest = max(r["T"] for r in rows)
+    lines = []
+    for r in rows:
+        model, _, at_batch = r["workload"].rpartition("_batch")
+        if r["T"] != largest or int(at_batch) != batch:
+            continue
+        gflop = 2 * params[model] * batch * largest / 1e9
+        loop = peak.get(PEER_PEAK[r["peer"]])
+        floor = (f"{gflop / loop['value'] * 1e3:.1f} ({loop['measure']}, {loop['value']:.0f} {loop['unit']})"
+                 if loop else "no such loop in peak.csv")
+        lines.append([f"`{r['workload']}`", r["peer"], f"{gflop:.3g}", f"{r['ms']:.1f}", floor])
+    return table(["model, batch", "peer", "dense GFLOP", "ms", "compute floor ms"], lines)
+
+
+def precision_section(rows: list[dict], accuracy: list[dict], limits: list[dict], peaks: list[dict], link) -> str:
+    """Speed-ups over TF float32 per precision and peer, accuracy against TF float32, the DRAM floor at
+    batch 1's smallest T and the compute floor at the largest batch and T."""
     smallest = min(r["T"] for r in rows)
     measured = {(r["workload"], r["peer"]): r["ms"] for r in rows if r["T"] == smallest}
     dram = limits[0]["dram_gbps"]
@@ -233,7 +257,12 @@ def precision_section(rows: list[dict], accuracy: list[dict], limits: list[dict]
                 [[f"`{r['model']}`", r["peer"], f"{r['weight_mib']:.0f}",
                   f"{measured.get((r['model'] + '_batch1', r['peer']), float('nan')):.2f}",
                   "in the LLC" if str(r["fits_in_llc"]) == "True" else f"{r['dram_floor_ms']:.2f}"]
-                 for r in limits]))
+                 for r in limits])
+        + f"\n\nThe limit at the largest batch and T = {max(r['T'] for r in rows)}: the dense layers' multiply-adds "
+        "(two operations each) over the peak of a loop of the instruction each precision multiplies with "
+        "(`bench.peak`, in the suite's peak part: FMA for float32, the bfloat16 and int8 dot products for the "
+        "others), as if every dense layer ran in that precision; attention, layer norms and softmax come on "
+        "top.\n\n" + compute_floor_table(rows, limits, peaks))
 
 
 def behind_at_each_t(rows: list[dict], pairs) -> list[str]:

@@ -6,7 +6,10 @@ Three figures: an FMA loop (bench/fma_peak.c, built with the host's vector ISA;
 the best of a few runs, as a peak is a maximum), TF's own large GEMM (2048^3,
 in-graph, median), what a tuned library reaches on this machine, and the
 read bandwidth from DRAM (bench/dram_read.c, best of a few runs), the limit of
-a layer that reads its weights from DRAM once per call (small T).
+a layer that reads its weights from DRAM once per call (small T). Beside the
+FMA loop, the same loop of the bfloat16 and int8 dot products the reduced
+precisions multiply with (fma_peak.c says which instructions), where this CPU
+has them: the limit of those precisions at large T.
 Writes peak.csv (measure, threads, value, unit).
 """
 
@@ -33,9 +36,15 @@ def build_fma_loop(directory: pathlib.Path) -> pathlib.Path:
     return build("fma_peak", directory)
 
 
-def run_measure(binary: pathlib.Path, threads: int) -> float:
+# The dot-product loops of bench/fma_peak.c beyond float32 FMA: (its argument, measure, unit).
+DOT_LOOPS = (("bf16", "bf16_dot_loop", "GFLOP/s"), ("int8", "int8_dot_loop", "GOP/s"))
+NOT_ON_THIS_CPU = 2  # fma_peak's exit status for an instruction the CPU lacks
+
+
+def run_measure(binary: pathlib.Path, threads: int, *arguments: str) -> float:
     """One run of a built measure, in its own process: the figure it prints."""
-    return float(subprocess.run([str(binary), str(threads)], check=True, capture_output=True, text=True).stdout)
+    return float(subprocess.run([str(binary), str(threads), *arguments], check=True, capture_output=True,
+                                text=True).stdout)
 
 
 def fma_loop_gflops(binary: pathlib.Path, threads: int) -> float:
@@ -52,6 +61,20 @@ def best_of(source: str, threads: int, runs: int) -> float:
 
 def fma_peak_gflops(threads: int, runs: int = 5) -> float:
     return best_of("fma_peak", threads, runs)
+
+
+def dot_loop_peaks(threads: int, runs: int = 5) -> list[tuple[str, float, str]]:
+    """(measure, best of `runs`, unit) of each dot-product loop this CPU has."""
+    found = []
+    with tempfile.TemporaryDirectory() as scratch:
+        binary = build("fma_peak", pathlib.Path(scratch))
+        for argument, measure, unit in DOT_LOOPS:
+            try:
+                found.append((measure, max(run_measure(binary, threads, argument) for _ in range(runs)), unit))
+            except subprocess.CalledProcessError as error:
+                if error.returncode != NOT_ON_THIS_CPU:
+                    raise
+    return found
 
 
 def dram_read_gbps(threads: int, runs: int = 3) -> float:
@@ -83,6 +106,8 @@ def main(argv=None):
              "value": large_sgemm_gflops(args.threads), "unit": "GFLOP/s"},
             {"measure": "dram_read", "threads": args.threads, "value": dram_read_gbps(args.threads),
              "unit": "GB/s"}]
+    rows[1:1] = [{"measure": measure, "threads": args.threads, "value": value, "unit": unit}
+                 for measure, value, unit in dot_loop_peaks(args.threads)]
     args.out.mkdir(parents=True, exist_ok=True)
     report.write_csv(rows, args.out / "peak.csv")
     for row in rows:
