@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/util/work_sharder.h"
 #include "Eigen/Core"
 #include "broadcast.h"
+#include "intra_op_tasks.h"
 
 namespace tf_dietcode {
 namespace {
@@ -29,9 +29,10 @@ using tensorflow::TensorShape;
 using tensorflow::TensorShapeUtils;
 using tensorflow::errors::InvalidArgument;
 
-// Cycles per element of a row, for the intra-op sharder: three passes (and
-// the residual's add).
-constexpr int64_t kCostPerElement = 8;
+// Operations per element, for ChoosePoolUse (intra_op_tasks.h): three passes
+// in double (and the residual's add).
+constexpr double kFlopsPerElement = 30;
+constexpr double kResidualFlopsPerElement = 10;
 
 // An operand's rows as read broadcast to the output's dims (numpy rules):
 // where each output row's elements start, and 0 or 1 between them.
@@ -136,9 +137,11 @@ class LayerNormOp : public OpKernel {
     const Row offset(beta.flat<float>().data(), depth);
     const double epsilon = epsilon_;
     const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    tensorflow::Shard(
-        workers->num_threads, workers->workers, rows,
-        (residual ? kCostPerElement + 2 : kCostPerElement) * depth,
+    const double elements = static_cast<double>(rows) * depth;
+    ForRowRuns(
+        *workers, rows,
+        (kFlopsPerElement + (residual ? kResidualFlopsPerElement : 0)) * elements,
+        (residual ? 3 : 2) * sizeof(float) * elements,
         [&](int64_t begin, int64_t end) {
           for (int64_t r = begin; r < end; ++r) {
             float* out_row = out + r * depth;

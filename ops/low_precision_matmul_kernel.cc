@@ -26,7 +26,6 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/util/overflow.h"
-#include "tensorflow/core/util/work_sharder.h"
 
 namespace tf_dietcode {
 namespace {
@@ -133,11 +132,14 @@ void RunTiles(OpKernelContext* ctx, const TileKernel<Acc>& kernel,
   });
 }
 
-// Runs fn(row0, row_end) over the rows [0, m), split on the intra-op pool.
+// Runs fn(row0, row_end) over the rows [0, m) of k floats, prepared into
+// `bytes_per_element` each, split on the intra-op pool as the tiles are.
 template <class Fn>
-void ForRows(OpKernelContext* ctx, int64_t m, int64_t cost_per_row, const Fn& fn) {
-  const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-  tensorflow::Shard(workers->num_threads, workers->workers, m, cost_per_row, fn);
+void ForRows(OpKernelContext* ctx, int64_t m, int64_t k, double bytes_per_element,
+             const Fn& fn) {
+  const double elements = static_cast<double>(m) * k;
+  ForRowRuns(*ctx->device()->tensorflow_cpu_worker_threads(), m, 4 * elements,
+             (sizeof(float) + bytes_per_element) * elements, fn);
 }
 
 // The op: attrs, validation and planning shared by both precisions.
@@ -272,7 +274,7 @@ class Int8MatMulOp : public LowPrecisionMatMulOp {
                                            TensorShape({m}), &row_scales));
     uint8_t* q = rows.flat<uint8_t>().data();
     float* s = row_scales.flat<float>().data();
-    ForRows(ctx, m, 4 * k, [&](int64_t begin, int64_t end) {
+    ForRows(ctx, m, k, 1, [&](int64_t begin, int64_t end) {
       QuantizeRows(a + begin * k, end - begin, k, kernel.biased,
                    q + begin * stride, stride, s + begin);
     });
@@ -327,7 +329,7 @@ class Bf16MatMulOp : public LowPrecisionMatMulOp {
     OP_REQUIRES_OK(ctx, AllocateRows(ctx, m, even_k * (kernel.widened ? 4 : 2),
                                      kernel.tile.row_padding, &rows, &stride));
     uint8_t* x = rows.flat<uint8_t>().data();
-    ForRows(ctx, m, 2 * k, [&](int64_t begin, int64_t end) {
+    ForRows(ctx, m, k, kernel.widened ? 4 : 2, [&](int64_t begin, int64_t end) {
       RoundRowsToBf16(a + begin * k, end - begin, k, kernel.widened,
                       x + begin * stride, stride);
     });

@@ -7,7 +7,8 @@
 // T = 1.
 // Here each row's maximum is subtracted, exp applied, and the row scaled by
 // 1 / sum, a block of rows at a time in cache. Rows are spread over
-// TF's intra-op pool by the work they carry, so small inputs run inline.
+// TF's intra-op pool as the products' calls are (intra_op_tasks.h), so
+// small inputs run inline.
 // Log softmax keeps the shifted row and subtracts the log of its exp-sum: TF's
 // LogSoftmax took 350 us a call on a beam search's [32, 8000] log
 // probabilities (2-core AMD EPYC Zen 4).
@@ -15,8 +16,8 @@
 #include <cmath>
 
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/util/work_sharder.h"
 #include "Eigen/Core"
+#include "intra_op_tasks.h"
 
 namespace tf_dietcode {
 namespace {
@@ -27,8 +28,9 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::errors::InvalidArgument;
 
-// Cycles per element of a row, for the intra-op sharder: exp and three passes.
-constexpr int64_t kCostPerElement = 12;
+// Operations per element, for ChoosePoolUse (one core: 100 per ns): exp and
+// three passes ran about 0.5 ns an element on one core.
+constexpr double kFlopsPerElement = 50;
 constexpr int64_t kBlockElements = 4096;  // 16 KiB of rows at a time
 
 class SoftmaxOp : public OpKernel {
@@ -56,8 +58,9 @@ class SoftmaxOp : public OpKernel {
     // + 14) to scalar code; over a block only the block's tail is.
     const int64_t block_rows = std::max<int64_t>(1, kBlockElements / depth);
     const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    tensorflow::Shard(
-        workers->num_threads, workers->workers, rows, kCostPerElement * depth,
+    const double elements = static_cast<double>(rows) * depth;
+    ForRowRuns(
+        *workers, rows, kFlopsPerElement * elements, 2.0 * sizeof(float) * elements,
         [&](int64_t begin, int64_t end) {
           for (int64_t first = begin; first < end; first += block_rows) {
             const int64_t last = std::min(end, first + block_rows);
