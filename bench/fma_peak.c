@@ -68,9 +68,12 @@ DEFINE_LOOP(bf16_loop, vec, SET1, SUM, 1.0f, 1.0f, Bf16Step, 2)
 
 #if defined(__AVX512VNNI__)
 #define Int8Step(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
+#define HAS_INT8 1
 #elif defined(__AVXVNNI__) && !defined(__AVX512F__)
 #define Int8Step(acc, a, b) _mm256_dpbusd_avx_epi32(acc, a, b)
+#define HAS_INT8 1
 #elif !defined(__AVX512F__)
+#define HAS_INT8 1
 /* The products read the chain (its bytes as the unsigned operand), or the
  * compiler would hoist them out of the loop as constants. */
 static __m256i Int8Step(__m256i acc, __m256i a, __m256i b) {
@@ -78,9 +81,8 @@ static __m256i Int8Step(__m256i acc, __m256i a, __m256i b) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, a));
 }
 #endif
-#if defined(Int8Step) || !defined(__AVX512F__)
+#if defined(HAS_INT8)
 DEFINE_LOOP(int8_loop, ivec, ISET1, ISUM, 0x00010001, 0x01010101, Int8Step, 4)
-#define HAS_INT8 1
 #endif
 
 typedef double (*Loop)(long, float*);

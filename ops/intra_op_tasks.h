@@ -40,8 +40,9 @@ bool RunTasks(const tensorflow::DeviceBase::CpuWorkerThreads& workers,
 
 // Runs fn(begin, end) over rows [0, rows) in contiguous runs, one per task,
 // the pool used as ChoosePoolUse judges a call of `flops` reading and writing
-// `bytes` in all: row-wise ops (softmax, layer norm, the low-precision ops'
-// activation rows) follow the products' policy. TF's Shard woke a pool thread
+// `bytes` in all (never more tasks than rows): the low-precision tiles and
+// the row-wise ops (softmax, layer norm, the low-precision ops' activation
+// rows) follow the products' policy. TF's Shard woke a pool thread
 // for any call past a few microseconds of work, which cost more than it saved:
 // a [1, 12, 43, 43] softmax took 25 us on the calling thread and 40-50 us
 // split in two (2-vCPU AMD EPYC Zen 4).

@@ -100,14 +100,11 @@ void RunTiles(OpKernelContext* ctx, const TileKernel<Acc>& kernel,
   const int64_t row_tiles = CeilDiv(m, kernel.rows);
   const int64_t units = pairs * row_tiles;
   const int64_t block_bytes = groups * kWeightRowBytes;
-  const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
-  const PoolUse use = ChoosePoolUse(2.0 * m * n * k,
-                                    blocks * block_bytes + 4.0 * m * (k + n));
-  const int tasks = TaskCount(workers, use);
-  RunTasks(workers, use, tasks, [&](int task) {
+  ForRowRuns(*ctx->device()->tensorflow_cpu_worker_threads(), units,
+             2.0 * m * n * k, blocks * block_bytes + 4.0 * m * (k + n),
+             [&](int64_t first, int64_t end) {
     alignas(64) Acc c[kMaxTileRows * kTileColumns];
-    const int64_t end = units * (task + 1) / tasks;
-    for (int64_t unit = units * task / tasks; unit < end; ++unit) {
+    for (int64_t unit = first; unit < end; ++unit) {
       const int64_t block = (unit / row_tiles) * kTileBlocks;
       const int64_t row0 = (unit % row_tiles) * kernel.rows;
       const int rows = static_cast<int>(std::min<int64_t>(kernel.rows, m - row0));
@@ -128,7 +125,6 @@ void RunTiles(OpKernelContext* ctx, const TileKernel<Acc>& kernel,
         finish(row0, rows, col0 + in_layer, cols - in_layer, c + in_layer);
       }
     }
-    return true;
   });
 }
 
