@@ -198,17 +198,19 @@ def amp_from_child(out: pathlib.Path, batches: list[int], quick: bool) -> tuple[
 
 
 def optimize(model: BenchModel, original: pathlib.Path, optimized: pathlib.Path, precision: str,
-             batches: list[int], quick: bool, database: Database) -> int:
+             batches: list[int], quick: bool, database: Database) -> dict:
     """optimize() at `precision` with its defaults, on the model's representative inputs (batches x T
     1..MAX_LENGTH; the output check and the accuracy gate run them); returns how many dense layers the
-    gate kept in float32."""
+    gate put back and in which precision, as accuracy rows' columns."""
     started = time.perf_counter()
     examples = model.examples(batches)
     result = tf_dietcode.optimize(original, optimized, input_fn=lambda: iter(examples), precision=precision,
                                   tuning=cli.search_options(quick), database=database, overwrite=True)
     print(result.summary())
     print(f"optimize() of {model.name} at {precision} took {time.perf_counter() - started:.0f} s")
-    return result.accuracy_gate.in_float32 if result.accuracy_gate else 0
+    gate = result.accuracy_gate
+    return {"dense_layers_put_back": gate.put_back if gate else 0,
+            "put_back_in": gate.put_back_in if gate and gate.put_back else ""}
 
 
 def onnx_sessions(original: pathlib.Path, folder: pathlib.Path) -> dict[str, Call]:
@@ -245,8 +247,8 @@ def print_tables(rows: list[dict], accuracy: list[dict], limits: list[dict], pee
               f"{(measured[0] if measured else float('nan')):9.2f} ms  floor {floor}")
     print("\naccuracy against TF float32:")
     for row in accuracy:
-        kept = f", {row['dense_layers_kept_float32']} dense layers kept in float32 by the accuracy gate" \
-            if row["dense_layers_kept_float32"] else ""
+        kept = f", {row['dense_layers_put_back']} dense layers put back in {row['put_back_in']} by the accuracy " \
+            "gate" if row["dense_layers_put_back"] else ""
         print(f"  {row['model']:>18s} {row['peer']:>22s} cosine min {row['min_cosine']:.6f} "
               f"mean {row['mean_cosine']:.6f}, row error {row['row_error']:.2e}{kept}")
 
@@ -270,7 +272,7 @@ def main(argv=None):
         weights[model.name] = dense_weights(keras_model)
         model.export(keras_model, original)
     amp_timings, amp_outputs = amp_from_child(args.out, args.batches, args.quick)
-    kept_float32 = {(model.name, f"dietcode_{precision}"): optimize(
+    put_back = {(model.name, f"dietcode_{precision}"): optimize(
         model, args.out / model.name / "original", args.out / model.name / f"dietcode_{precision}", precision,
         args.batches, args.quick, database) for model in MODELS for precision in DIETCODE_PRECISIONS}
     sessions = {model.name: onnx_sessions(args.out / model.name / "original", args.out / model.name)
@@ -304,8 +306,8 @@ def main(argv=None):
             print(f"{batch:5d} {t:4d} " + " ".join(f"{seconds[p] * 1e3:16.2f}" for p in peers))
         reference = accuracy_outputs(model, calls["tensorflow"])
         outputs = {peer: accuracy_outputs(model, call) for peer, call in calls.items() if peer != "tensorflow"}
-        accuracy += [accuracy_row(model, peer, found, reference) | {
-                     "dense_layers_kept_float32": kept_float32.get((model.name, peer), 0)}
+        accuracy += [accuracy_row(model, peer, found, reference) |
+                     put_back.get((model.name, peer), {"dense_layers_put_back": 0, "put_back_in": ""})
                      for peer, found in [*outputs.items(), (AMP, amp_outputs[model.name])]]
         del loaded, calls
     print_tables(rows, accuracy, limits, peers)

@@ -28,7 +28,7 @@ def test_behind_at_each_t_names_every_t_where_the_rival_was_faster_and_no_other(
 
 def test_precision_section_tabulates_speedups_accuracy_and_the_dram_floor():
     accuracy = [{"model": "minilm", "peer": "dietcode_int8", "min_cosine": 0.99612, "row_error": 0.081,
-                 "dense_layers_kept_float32": 6.0}]
+                 "dense_layers_put_back": 6.0, "put_back_in": "bfloat16"}]
     limits = [{"model": "minilm", "peer": "dietcode_int8", "weight_mib": 10.2, "fits_in_llc": "True",
                "dram_gbps": 34.5, "dram_floor_ms": 0.3},
               {"model": "minilm", "peer": "tensorflow", "weight_mib": 41.0, "fits_in_llc": "False",
@@ -39,7 +39,7 @@ def test_precision_section_tabulates_speedups_accuracy_and_the_dram_floor():
 
     assert "| `minilm_batch1` | 0.80x (0.80x at T=1) | 1.67x (1.67x at T=1) |" in text
     assert text.count("4.00x (4.00x at T=1)") == 1  # int8's column
-    assert "| `minilm` | dietcode_int8 | 0.99612 | 0.081 | 6 |" in text
+    assert "| `minilm` | dietcode_int8 | 0.99612 | 0.081 | 6 in bfloat16 |" in text
     assert "(34.5 GB/s)" in text and "T = 1:" in text
     assert "| `minilm` | dietcode_int8 | 10 | 5.00 | in the LLC |" in text
     assert "| `minilm` | tensorflow | 41 | 20.00 | 1.24 |" in text

@@ -71,7 +71,7 @@ def test_the_report_says_what_runs_in_which_precision_and_why(optimized):
     assert all(len(layer["forms"]) == 3 and layer["precision"] == precision for layer in merged)
     summary = report.summary()
     assert f"precision: {precision} for dense layers, on {isa} kernels the op chooses (not tuned)" in summary
-    assert data["precision"]["accuracy_gate"]["in_float32"] == 0
+    assert data["precision"]["accuracy_gate"]["put_back"] == 0
     assert "accuracy gate: error " in summary and report.output_check.bound == modes.get(precision).max_error
 
 

@@ -17,9 +17,9 @@ from conftest import TINY_TUNING_OPTIONS, shared_database
 BATCH, MAX_LENGTH = 4, 64  # the shape ranges optimize() is given: batch 1..4, T 1..64
 # The least cosine similarity to the original's embedding each precision must keep for every sentence.
 COSINE = {"float32": 0.99999, "bfloat16": 0.999, "int8": 0.99}
-# The most of its 36 dense layers the accuracy gate may keep in float32 (with the defaults it keeps 0 in
+# The most of its 36 dense layers the accuracy gate may put back (with the defaults it puts back 0 in
 # bfloat16 and 2 in int8: docs/decisions.md, "Precision").
-KEPT_FLOAT32 = {"bfloat16": 0, "int8": 4}
+PUT_BACK = {"bfloat16": 0, "int8": 4}
 # Published by sentence-transformers (sbert.net, "Usage") for this model: similarities to 4 decimals.
 PUBLISHED = (["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."],
              {(0, 1): 0.6660, (0, 2): 0.1046, (1, 2): 0.1411})
@@ -174,4 +174,4 @@ def test_optimize_keeps_every_embedding(models, sentences, original_embeddings, 
     assert similarity.min() >= COSINE[precision], (sentences[worst], similarity[worst])
     if precision != "float32":  # the precision runs: the accuracy gate left (nearly) every dense layer in it
         gate = reports[precision].accuracy_gate
-        assert gate.in_float32 <= KEPT_FLOAT32[precision], gate
+        assert gate.put_back <= PUT_BACK[precision], gate

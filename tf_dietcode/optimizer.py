@@ -6,8 +6,8 @@ or `Converter(input_dir, ...)` with `convert()`, `build(input_fn)`,
 inputs/outputs, variables stay variables (nothing is frozen), the kernel
 bundle travels in the output's assets/, and the output appears atomically.
 Dense layers run in the precision asked for (tf_dietcode.precision), their
-weights converted once here; in a reduced precision the accuracy gate keeps
-layers in float32 where the outputs need it.
+weights converted once here; in a reduced precision the accuracy gate puts
+layers back in a wider one where the outputs need it.
 """
 
 import collections
@@ -184,7 +184,7 @@ class Converter:
             raise ValueError(f"max_error must be a positive number (an output's largest row error relative "
                              f"to its largest row norm), got {max_error!r}")
         self.max_error = self.precision.max_error if max_error is None else float(max_error)
-        self._gate_kept: dict[tuple, str] = {}  # (computation, core) -> why the accuracy gate kept it in float32
+        self._put_back: dict[tuple, LayerPrecision] = {}  # (computation, core) -> where the accuracy gate put it
         self.input_dir = pathlib.Path(input_saved_model_dir)
         if not tf.saved_model.contains_saved_model(str(self.input_dir)):
             raise ValueError(f"{self.input_dir} is not a SavedModel directory")
@@ -273,11 +273,14 @@ class Converter:
             return LayerPrecision("float32", "precision='float32'")
         if where is not None:
             return LayerPrecision("float32", control_flow.BODY_PRECISION)
-        why = fusion.kept_float32(match) or self._gate_kept.get((self._computations[key], match.core))
-        return LayerPrecision("float32", why) if why else LayerPrecision(self.precision.name)
+        why = fusion.kept_float32(match)
+        if why:
+            return LayerPrecision("float32", why)
+        return self._put_back.get((self._computations[key], match.core), LayerPrecision(self.precision.name))
 
     def _reduced(self, key: str) -> list[tuple]:
-        """(fusion, match) for the matches of a signature that run in a reduced precision."""
+        """(fusion, match) for the matches of a signature that run in a reduced precision (before the
+        accuracy gate: those it may put back)."""
         return [(fusion, match) for fusion, match in self._matches(key)
                 if self._precision(key, fusion, match).precision != "float32"]
 
@@ -444,50 +447,53 @@ class Converter:
             raise output_check.OutputMismatch(check)
 
     def _gate(self, signatures: dict) -> None:
-        """The accuracy gate (precision.accuracy_gate): converted dense layers back in float32, most
-        sensitive first (ranked where the model misses max_error with all of them converted), until
-        the outputs meet max_error on the output check's inputs; those layers are then tuned. Raises
+        """The accuracy gate (precision.accuracy_gate): converted dense layers put back (in the
+        cheapest of the mode's put_back_in precisions that meets the bound), most sensitive first
+        (ranked where the model misses max_error with all of them converted), until the outputs meet
+        max_error on the output check's inputs; layers back in float32 are then tuned. Raises
         BoundUnreachable where not even all of them in float32 meet it."""
-        started, self._gate_kept = time.perf_counter(), {}
+        started, self._put_back = time.perf_counter(), {}
         reference = output_check.reference(self.loaded, signatures, self._examples, self._computations)
         layers = [(self._computations[g.key], match.core) for g in self.graphs if reference.keys[g.key] == g.key
                   for _, match in self._reduced(g.key)]  # once per computation, under its first key
+        put_back_in = self.precision.put_back_in()
         ranked: list[tuple[tuple, float]] = []
 
-        def keep(kept: list[tuple]) -> None:
-            self._gate_kept = {layer: "put back in float32 by the accuracy gate" for layer in kept}
+        def put_back(kept: list[tuple], precision: str, why: str = "put back by the accuracy gate") -> None:
+            self._put_back = {layer: LayerPrecision(precision, why) for layer in kept}
 
-        def run(kept: list[tuple]) -> OutputCheck:
-            keep(kept)
+        def run(kept: list[tuple], precision: str) -> OutputCheck:
+            put_back(kept, precision)
             self._module(pack_weights=False)
             return output_check.compare(reference, self._run_rewritten, self.max_error)
 
-        def evaluate(in_float32: int) -> OutputCheck:
-            if in_float32 and not ranked:
-                ranked.extend(accuracy_gate.rank(layers, run))
-            return run([layer for layer, _ in ranked[:in_float32]])
+        def evaluate(count: int, precision: str) -> OutputCheck:
+            if count and not ranked:
+                ranked.extend(accuracy_gate.rank(layers, lambda kept: run(kept, put_back_in[0])))
+            return run([layer for layer, _ in ranked[:count]], precision)
 
-        in_float32, rounds = accuracy_gate.settle(len(layers), evaluate)
-        while in_float32:
+        count, precision, rounds = accuracy_gate.settle(len(layers), put_back_in, evaluate)
+        while count and modes.get(precision).tuned:
             # the layers back in float32 now get tuned kernels, whose rounding differs from the generic
             # kernel's the gate ran them on; a model at the bound can cross it (the int8 layers after
             # them quantize other values), so it is checked as tuned, and the next ranked layer goes
             # back while it misses
-            kept = [layer for layer, _ in ranked[:in_float32]]
-            keep(kept)
+            kept = [layer for layer, _ in ranked[:count]]
+            put_back(kept, precision)
             self._size_and_tune()
-            tuned = run(kept)
-            rounds.append(accuracy_gate.Round.of(in_float32, tuned))
-            if not tuned.beyond_bound or in_float32 == len(ranked):
+            tuned = run(kept, precision)
+            rounds.append(accuracy_gate.Round.of(count, precision, tuned))
+            if not tuned.beyond_bound or count == len(ranked):
                 break
-            in_float32 += 1
+            count += 1
         gate = GateResult(self.precision.name, self.max_error, len(layers),
-                          [(core, error) for (_, core), error in ranked], rounds, in_float32)
-        self._gate_kept = {layer: gate.why_float32(rank) for rank, (layer, _) in enumerate(ranked[:in_float32])}
+                          [(core, error) for (_, core), error in ranked], rounds, count, precision)
+        self._put_back = {layer: LayerPrecision(precision, gate.why_put_back(rank))
+                          for rank, (layer, _) in enumerate(ranked[:count])}
         gate.seconds = self.report.timings["accuracy_gate"] = time.perf_counter() - started
         self.report.accuracy_gate = gate
-        _log.info("accuracy gate: %d of %d dense layers kept in float32, %d rounds, %.1f s", in_float32, len(layers),
-                  len(rounds), gate.seconds)
+        _log.info("accuracy gate: %d of %d dense layers put back in %s, %d rounds, %.1f s", count, len(layers),
+                  precision, len(rounds), gate.seconds)
 
     def _run_rewritten(self, key: str, feed: dict[str, tf.Tensor]) -> dict:
         """The rewritten signature (as _module last made it) on inputs by name."""
@@ -734,9 +740,10 @@ def optimize(input_saved_model_dir: str | pathlib.Path, output_saved_model_dir: 
     and stored as the output's variables; attention products, layer norms and softmax stay
     float32. max_error: the bound on each output's largest row error (rows along the last
     axis) relative to its largest row norm, output_check.row_error: for unit-norm embeddings
-    sqrt(2 (1 - cos)), 0.1 a cosine of 0.995 (default: the precision's, precision.modes); in a reduced precision the accuracy gate keeps the layers
-    the outputs are most sensitive to in float32 until it holds, and raises
-    accuracy_gate.BoundUnreachable (an OutputMismatch) where not even float32 meets it.
+    sqrt(2 (1 - cos)), 0.1 a cosine of 0.995 (default: the precision's, precision.modes). In a
+    reduced precision the accuracy gate puts the layers the outputs are most sensitive to back
+    until it holds (int8's in bfloat16 where the CPU multiplies it natively, else in float32),
+    and raises accuracy_gate.BoundUnreachable (an OutputMismatch) where not even float32 meets it.
 
     horizontal_fusion: dense layers that read the same input (attention's query, key and value
     projections) run as one GEMM over their concatenated weights. Off by default: on BERT-base,

@@ -27,7 +27,7 @@ from bench import encoder, minilm
 from tf_dietcode import optimizer, output_check
 from tf_dietcode.graph_rewrite.analysis import signature_graph
 from tf_dietcode.precision import accuracy_gate
-from tf_dietcode.precision.contract import Precision
+from tf_dietcode.precision.contract import LayerPrecision, Precision
 from tf_dietcode.tuning import search
 
 TUNING = search.SearchOptions(trials=2, batch=2, samples=3, finalists=0)
@@ -93,7 +93,7 @@ def _own_errors(converter: optimizer.Converter, reference: output_check.Referenc
 
 
 def _run(converter: optimizer.Converter, reference: output_check.Reference, kept: list) -> output_check.OutputCheck:
-    converter._gate_kept = {layer: "study" for layer in kept}
+    converter._put_back = {layer: LayerPrecision("float32", "study") for layer in kept}
     converter._module()
     return output_check.compare(reference, converter._run_rewritten)
 

@@ -15,6 +15,9 @@ from tf_dietcode.precision import bf16_weights
 from tf_dietcode.precision.contract import Precision
 
 
+NATIVE_KERNELS = ("amx_bf16", "avx512_bf16")  # ops/bf16_tiles.cc's paths with bfloat16 dot products
+
+
 class Bfloat16(Precision):
     name = "bfloat16"
     max_error = 2e-2  # a cosine of 0.9998 for unit-norm rows: docs/decisions.md, "Precision"
@@ -31,3 +34,7 @@ class Bfloat16(Precision):
 
     def kernel_path(self) -> str:
         return ops.low_precision_isa()["bfloat16"]
+
+    def native(self) -> bool:
+        """Whether this CPU multiplies bfloat16 in hardware (the other path widens it to float32)."""
+        return self.kernel_path() in NATIVE_KERNELS

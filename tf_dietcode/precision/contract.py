@@ -49,3 +49,9 @@ class Precision(abc.ABC):
     @abc.abstractmethod
     def kernel_path(self) -> str:
         """Which kernels its dense ops run on this machine, as the report names them."""
+
+    def put_back_in(self) -> tuple[str, ...]:
+        """The precisions the accuracy gate puts this mode's most sensitive layers back in, cheapest
+        first (accuracy_gate.settle tries the next where the bound fails with every layer back in
+        one); float32, whose tuned kernels round as TF does, is always last."""
+        return ("float32",)
