@@ -60,7 +60,12 @@ def _layer_norm_gradient(op, grad):
 
 @tf.RegisterGradient("DietcodeSoftmax")
 def _softmax_gradient(op, grad):
-    return _vjp(tf.nn.log_softmax if op.get_attr("log") else tf.nn.softmax, list(op.inputs), grad)
+    softmax = tf.nn.log_softmax if op.get_attr("log") else tf.nn.softmax
+    if len(op.inputs) == 1:
+        return _vjp(softmax, list(op.inputs), grad)
+    logits, mask = op.inputs
+    fill = op.get_attr("fill")
+    return [_vjp(lambda x: softmax(tf.where(mask, x, fill)), [logits], grad)[0], None]
 
 
 @tf.RegisterGradient("DietcodeReorderAppend")

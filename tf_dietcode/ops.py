@@ -103,10 +103,15 @@ def layer_norm(x: TensorLike, gamma: TensorLike, beta: TensorLike, *, residual: 
         residual=[] if residual is None else [_float32(residual, "residual")], epsilon=epsilon, name=name)
 
 
-def softmax(logits: TensorLike, *, log: bool = False, name: str | None = None) -> tf.Tensor:
+def softmax(logits: TensorLike, *, log: bool = False, mask: TensorLike | None = None, fill: float = 0.0,
+            name: str | None = None) -> tf.Tensor:
     """tf.nn.softmax (log: tf.nn.log_softmax) over the last axis, in one op of ours (TF's
-    oneDNN softmax has a large fixed cost per call, its LogSoftmax a slow one per element)."""
-    return load_op_library().dietcode_softmax(logits=_float32(logits, "logits"), log=log, name=name)
+    oneDNN softmax has a large fixed cost per call, its LogSoftmax a slow one per element).
+    With a bool `mask`: of tf.where(mask, logits, fill), broadcast as tf.where does, in the same
+    pass (attention's masked scores)."""
+    masks = [] if mask is None else [_typed(mask, tf.bool, "mask")]
+    return load_op_library().dietcode_softmax(logits=_float32(logits, "logits"), mask=masks, log=log, fill=fill,
+                                              name=name)
 
 
 def reorder_append(cache: TensorLike, rows: TensorLike, new_entries: TensorLike, *, axis: int,

@@ -10,6 +10,12 @@ softmax(x + c) = softmax(x) for a scalar c (log softmax too): a fixed scalar
 added to the logits and read only by the Softmax is dropped (Hugging Face's TF models add 1e-9
 before every softmax, transformers' stable_softmax; one elementwise pass over
 the attention scores per layer).
+
+Masked logits, SelectV2(mask, x, c) for a fixed scalar c read only by the
+Softmax, go into the op as its mask (Keras' attention and Softmax layers mask
+their scores so): the op gathers each row as it computes it, without the
+SelectV2's pass. Keras builds that mask as LogicalAnd(ones_like(x), m) in every
+layer; the op reads m instead, which broadcasts with x to the same shape.
 """
 
 import dataclasses
@@ -26,7 +32,8 @@ from tf_dietcode.graph_rewrite.splice import scratch_graph
 
 FORMS = {"Softmax": "softmax", "LogSoftmax": "log softmax"}  # by the TF op
 SHIFTED = " (of logits + a scalar)"
-FORM, SHIFTED_FORM = FORMS["Softmax"], FORMS["Softmax"] + SHIFTED
+MASKED = "masked "
+FORM, SHIFTED_FORM, MASKED_FORM = FORMS["Softmax"], FORMS["Softmax"] + SHIFTED, MASKED + FORMS["Softmax"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,15 +42,50 @@ class SoftmaxMatch:
     output: str
     log: bool = False
     shifted: bool = False
+    mask: str | None = None  # softmax of where(mask, x, fill)
+    fill: float = 0.0
 
     @property
     def form(self) -> str:
-        return FORMS["LogSoftmax" if self.log else "Softmax"] + (SHIFTED if self.shifted else "")
+        return ((MASKED if self.mask else "") + FORMS["LogSoftmax" if self.log else "Softmax"]
+                + (SHIFTED if self.shifted else ""))
 
 
 def find(index: GraphIndex) -> list[SoftmaxMatch]:
-    return [_unshifted(index, node) for node in index.nodes.values()
+    return [_masked(index, node) or _unshifted(index, node) for node in index.nodes.values()
             if node.op in FORMS and node.attr["T"].type == tf.float32.as_datatype_enum]
+
+
+def _masked(index: GraphIndex, softmax) -> SoftmaxMatch | None:
+    """The match of a Softmax node whose input is SelectV2(mask, x, c), c a fixed scalar, the
+    SelectV2 read only by the Softmax; None otherwise."""
+    logits = tensor_name(softmax.input[0])
+    select = index.producer(logits)
+    if select.op != "SelectV2" or index.sole_consumer(logits) is not softmax:
+        return None
+    mask, x, fill = (tensor_name(i) for i in select.input)
+    value = index.value(fill)
+    if value is None or np.size(value) != 1 or np.ndim(value) > 0 or index.value(x) is not None:
+        return None
+    return SoftmaxMatch(x, f"{softmax.name}:0", softmax.op == "LogSoftmax", mask=_without_ones(index, mask, x),
+                        fill=float(value))
+
+
+def _without_ones(index: GraphIndex, mask: str, x: str) -> str:
+    """m where mask is LogicalAnd(Fill(Shape(x), true), m) (or the operands swapped): both broadcast
+    with x to x's shape broadcast with m's, so the Fill changes nothing the op computes."""
+    node = index.producer(mask)
+    if node.op != "LogicalAnd":
+        return mask
+    operands = [tensor_name(i) for i in node.input]
+    for ones, other in (operands, operands[::-1]):
+        fill = index.producer(ones)
+        if fill.op == "Fill" and index.value(tensor_name(fill.input[1])) is not None \
+                and bool(np.all(index.value(tensor_name(fill.input[1])))):
+            shape = index.producer(tensor_name(fill.input[0]))
+            if shape.op == "Shape" and tensor_name(shape.input[0]) == x:
+                return other
+    return mask
 
 
 def _unshifted(index: GraphIndex, softmax) -> SoftmaxMatch:
@@ -72,10 +114,20 @@ class Softmax(Fusion):
         return (match.form,)
 
     def replacement(self, match: SoftmaxMatch, binding: Binding) -> Replacement:
-        return Replacement(_replacement_graph(match.log), {"x": match.x}, [match.output])
+        if match.mask is None:
+            return Replacement(_replacement_graph(match.log), {"x": match.x}, [match.output])
+        return Replacement(_masked_replacement_graph(match.log, match.fill), {"x": match.x, "mask": match.mask},
+                           [match.output])
 
 
 @functools.cache
 def _replacement_graph(log: bool) -> tf.compat.v1.GraphDef:
     """One DietcodeSoftmax; placeholder x. The same for every Softmax (or LogSoftmax) node."""
     return scratch_graph(lambda: ops.softmax(tf.compat.v1.placeholder(tf.float32, name="x"), log=log, name="out_0"))
+
+
+@functools.cache
+def _masked_replacement_graph(log: bool, fill: float) -> tf.compat.v1.GraphDef:
+    """One DietcodeSoftmax with a mask; placeholders x and mask."""
+    return scratch_graph(lambda: ops.softmax(tf.compat.v1.placeholder(tf.float32, name="x"), log=log, name="out_0",
+                                             mask=tf.compat.v1.placeholder(tf.bool, name="mask"), fill=fill))
