@@ -29,7 +29,7 @@ fi
 if (($# == 0)); then
   set -- tests/test_fused_matmul.py tests/test_fused_batch_matmul.py tests/test_bad_input.py \
     tests/test_tuned_ops.py tests/test_fuzz.py tests/test_layer_norm.py tests/test_int8_matmul.py \
-    tests/test_bf16_matmul.py
+    tests/test_bf16_matmul.py tests/test_softmax.py
 fi
 LD_PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libubsan.so)" \
 ASAN_OPTIONS=detect_leaks=0 \
