@@ -80,8 +80,8 @@ def _without_ones(index: GraphIndex, mask: str, x: str) -> str:
     operands = [tensor_name(i) for i in node.input]
     for ones, other in (operands, operands[::-1]):
         fill = index.producer(ones)
-        if fill.op == "Fill" and index.value(tensor_name(fill.input[1])) is not None \
-                and bool(np.all(index.value(tensor_name(fill.input[1])))):
+        value = index.value(tensor_name(fill.input[1])) if fill.op == "Fill" else None
+        if value is not None and bool(np.all(value)):
             shape = index.producer(tensor_name(fill.input[0]))
             if shape.op == "Shape" and tensor_name(shape.input[0]) == x:
                 return other
@@ -114,20 +114,16 @@ class Softmax(Fusion):
         return (match.form,)
 
     def replacement(self, match: SoftmaxMatch, binding: Binding) -> Replacement:
-        if match.mask is None:
-            return Replacement(_replacement_graph(match.log), {"x": match.x}, [match.output])
-        return Replacement(_masked_replacement_graph(match.log, match.fill), {"x": match.x, "mask": match.mask},
-                           [match.output])
+        bound = {"x": match.x} if match.mask is None else {"x": match.x, "mask": match.mask}
+        return Replacement(_replacement_graph(match.log, match.mask is not None, match.fill), bound, [match.output])
 
 
 @functools.cache
-def _replacement_graph(log: bool) -> tf.compat.v1.GraphDef:
-    """One DietcodeSoftmax; placeholder x. The same for every Softmax (or LogSoftmax) node."""
-    return scratch_graph(lambda: ops.softmax(tf.compat.v1.placeholder(tf.float32, name="x"), log=log, name="out_0"))
-
-
-@functools.cache
-def _masked_replacement_graph(log: bool, fill: float) -> tf.compat.v1.GraphDef:
-    """One DietcodeSoftmax with a mask; placeholders x and mask."""
-    return scratch_graph(lambda: ops.softmax(tf.compat.v1.placeholder(tf.float32, name="x"), log=log, name="out_0",
-                                             mask=tf.compat.v1.placeholder(tf.bool, name="mask"), fill=fill))
+def _replacement_graph(log: bool, masked: bool, fill: float) -> tf.compat.v1.GraphDef:
+    """One DietcodeSoftmax; placeholder x, and mask where masked. The same for every Softmax (or
+    LogSoftmax) node of a kind."""
+    def build():
+        mask = tf.compat.v1.placeholder(tf.bool, name="mask") if masked else None
+        return ops.softmax(tf.compat.v1.placeholder(tf.float32, name="x"), log=log, mask=mask, fill=fill,
+                           name="out_0")
+    return scratch_graph(build)
