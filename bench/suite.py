@@ -8,7 +8,7 @@ are not shortened by an earlier run's database):
 peak, kernel_peers, tuned_kernels, tuning_cost (which reads tuned_kernels'
 DietCode and largest-shape runs), bert_base (both BERT-base families: bert_base.csv and
 bert_base_exported.csv), precision (which starts from a copy of bert_base's tuning database: its
-float32 BERT-base is the same tuning). --quick gives each part its
+float32 BERT-base is the same tuning; rerun alone, it keeps what it tuned itself). --quick gives each part its
 quick mode (a few T, the quick tuning budget); the full run took 2 h 31 min on a 2-vCPU AMD EPYC
 Zen 4 (an hour of it bert_base, 44 min precision).
 Then copies every CSV and plot into <docs>/results/suite/ and writes

@@ -1,5 +1,6 @@
 """bench.tuning_budget's pieces: each budget's own tuning database (the default's copied from an
-earlier run, kernels and all), and the default-over-quick ratio it reports."""
+earlier run, kernels and all; a rerun's own records kept beside the copy), and the
+default-over-quick ratio it reports."""
 
 import json
 
@@ -25,6 +26,22 @@ def test_each_budget_gets_its_own_database_and_only_the_default_starts_from_the_
     assert not (folder / "tuning_quick.jsonl").exists()  # the quick budget tunes from nothing
     assert found["quick"].path == folder / "tuning_quick.jsonl"
     assert (earlier / "tuning.jsonl").read_text().count("\n") == 1  # the earlier run's database untouched
+
+
+def test_a_rerun_keeps_its_own_records_beside_the_copied_ones(tmp_path):
+    earlier = tmp_path / "bert_base"
+    earlier.mkdir()
+    copied = [json.dumps({"workload": w, "target": "t"}) for w in ("bert", "shared")]
+    (earlier / "tuning.jsonl").write_text("".join(f"{line}\n" for line in copied))
+    own = [json.dumps({"workload": w, "target": "t"}) for w in ("minilm", "shared")]
+    path = tmp_path / "precision" / "tuning.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(f"{line}\n" for line in own))
+
+    cli.tuning_database(path, earlier)
+
+    assert path.read_text().splitlines() == [own[0], own[1], copied[0]]  # each record once
+    assert (earlier / "tuning.jsonl").read_text().splitlines() == copied
 
 
 def test_a_database_without_a_source_starts_empty(tmp_path):
