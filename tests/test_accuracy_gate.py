@@ -15,7 +15,7 @@ import tensorflow as tf
 import tf_dietcode
 from tf_dietcode import output_check
 from tf_dietcode.output_check import OutputCheck, OutputError
-from tf_dietcode.precision import accuracy_gate
+from tf_dietcode.precision import accuracy_gate, modes
 from tf_dietcode.precision.accuracy_gate import BoundUnreachable
 from tf_dietcode.precision.bf16_dense import Bfloat16
 from tf_dietcode.precision.int8_dense import Int8
@@ -189,6 +189,11 @@ def test_the_gate_puts_the_sensitive_layer_alone_back(tmp_path, rng, monkeypatch
     summary = report.summary()
     assert f"accuracy gate: 1 of 2 dense layers put back in {put_back_in[0]} to meet max_error 0.02" in summary
     assert f"  int8: {layers['second']['node']}\n" in summary
+    # the group put back names its kernels where they differ from the mode's own (float32's are the tuned ones)
+    kernels = json.loads(report.to_json())["precision"]["kernel_paths"]
+    assert kernels["int8"] == Int8().kernel_path() and kernels[put_back_in[0]] == modes.get(put_back_in[0]).kernel_path()
+    described = {"float32": "float32", "bfloat16": f"bfloat16 on {Bfloat16().kernel_path()} kernels"}[put_back_in[0]]
+    assert f"  {described}: put back by the accuracy gate (output error " in summary
 
 
 def test_int8_puts_layers_back_in_bfloat16_only_where_the_cpu_multiplies_it_natively():

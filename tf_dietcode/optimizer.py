@@ -68,7 +68,7 @@ class Report:
     timings: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per step (convert, build, ...)
     precision: str = "float32"                            # asked for (optimize's precision)
     max_error: float = BOUND                              # the bound on the outputs' error
-    kernel_path: str = ""                                 # the kernels its dense layers run
+    kernel_paths: dict[str, str] = dataclasses.field(default_factory=dict)  # precision -> the kernels it runs
     accuracy_gate: GateResult | None = None               # None in float32 and with validate=False
 
     def summary(self) -> str:
@@ -113,13 +113,21 @@ class Report:
                                                             " not enforced (validate=False)")]
         groups: dict[str, dict[str, None]] = {}  # how a layer's precision is described -> its dense layers
         for layer in self.layers:
-            nodes = groups.setdefault(LayerPrecision(layer["precision"], layer["precision_why"]).describe(), {})
+            precision = layer["precision"]
+            if precision not in (self.precision, "float32"):  # put back in another reduced precision
+                precision = f"{precision} on {self.kernel_paths[precision]} kernels"
+            nodes = groups.setdefault(LayerPrecision(precision, layer["precision_why"]).describe(), {})
             if layer["kind"] == "dense":
                 nodes[layer["node"]] = None
         lines += [f"  {described}" + (f": {', '.join(nodes)}" if nodes else "")
                   for described, nodes in groups.items()]
         lines += self.accuracy_gate.summary() if self.accuracy_gate else []
         return lines
+
+    @property
+    def kernel_path(self) -> str:
+        """The kernels the dense layers in the precision asked for run."""
+        return self.kernel_paths.get(self.precision, "")
 
     def to_json(self) -> str:
         """The report as JSON: what summary() says, plus each fused layer (its node, kind, forms,
@@ -135,6 +143,7 @@ class Report:
                           for w in self.workloads],
             "coverage": self.coverage.to_json() if self.coverage else None,
             "precision": {"precision": self.precision, "max_error": self.max_error, "kernel_path": self.kernel_path,
+                          "kernel_paths": self.kernel_paths,
                           "accuracy_gate": self.accuracy_gate.to_json() if self.accuracy_gate else None},
             "output_check": self.output_check.to_json() if self.output_check else None,
             "timings": {**self.timings, "total": sum(self.timings.values()),
@@ -238,7 +247,7 @@ class Converter:
         self._resources = resources
         self.report = Report(keys, self.ranges, self._range_notes + notes, found, collections.Counter(), left, [],
                              labels, self._merged(), self.switches, precision=self.precision.name,
-                             max_error=self.max_error, kernel_path=self.precision.kernel_path())
+                             max_error=self.max_error, kernel_paths=self._kernel_paths())
         self._converted = True
         self.report.timings["convert"] = time.perf_counter() - started
         _log.info("%s: %d signature(s), %d pattern(s) found", self.input_dir, len(keys), sum(found.values()))
@@ -265,6 +274,12 @@ class Converter:
         """(fusion, match) for the matches of a signature whose ops run tuned kernels (float32 ones)."""
         return [(fusion, match) for fusion, match in self._matches(key, TunedFusion)
                 if fusion.tuned(match) and self._precision(key, fusion, match).precision == "float32"]
+
+    def _kernel_paths(self) -> dict[str, str]:
+        """The kernels of each precision a layer may run in: the one asked for, and those the accuracy
+        gate may put layers back in."""
+        names = [self.precision.name, *self.precision.put_back_in()]
+        return {name: modes.get(name).kernel_path() for name in dict.fromkeys(names)}
 
     def _precision(self, key: str, fusion, match, where: str | None = None) -> LayerPrecision:
         """The precision a match of a signature (or of a body of its, `where`) runs in, and why where it
