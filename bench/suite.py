@@ -10,7 +10,7 @@ DietCode and largest-shape runs), bert_base (both BERT-base families: bert_base.
 bert_base_exported.csv), precision (which starts from a copy of bert_base's tuning database: its
 float32 BERT-base is the same tuning; rerun alone, it keeps what it tuned itself). --quick gives each part its
 quick mode (a few T, the quick tuning budget); the full run took 2 h 31 min on a 2-vCPU AMD EPYC
-Zen 4 (an hour of it bert_base, 44 min precision).
+Zen 4 (an hour of it bert_base, 44 min precision; the precision part rerun alone, 18 min).
 Then copies every CSV and plot into <docs>/results/suite/ and writes
 <docs>/BENCHMARKS.md from those CSVs alone.
 
