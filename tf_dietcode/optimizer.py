@@ -114,9 +114,9 @@ class Report:
         groups: dict[str, dict[str, None]] = {}  # how a layer's precision is described -> its dense layers
         for layer in self.layers:
             precision = layer["precision"]
-            if precision not in (self.precision, "float32"):  # put back in another reduced precision
-                precision = f"{precision} on {self.kernel_paths[precision]} kernels"
-            nodes = groups.setdefault(LayerPrecision(precision, layer["precision_why"]).describe(), {})
+            # a layer put back in another reduced precision runs other kernels than the line above names
+            kernels = self.kernel_paths[precision] if precision not in (self.precision, "float32") else ""
+            nodes = groups.setdefault(LayerPrecision(precision, layer["precision_why"]).describe(kernels), {})
             if layer["kind"] == "dense":
                 nodes[layer["node"]] = None
         lines += [f"  {described}" + (f": {', '.join(nodes)}" if nodes else "")

@@ -25,8 +25,10 @@ class LayerPrecision:
     precision: str
     why: str = ""
 
-    def describe(self) -> str:
-        return f"{self.precision}: {self.why}" if self.why else self.precision
+    def describe(self, kernels: str = "") -> str:
+        """As the report groups layers: the precision, its kernels where named, and why."""
+        named = f"{self.precision} on {kernels} kernels" if kernels else self.precision
+        return f"{named}: {self.why}" if self.why else named
 
 
 class Precision(abc.ABC):
