@@ -39,6 +39,16 @@ def command(part: str, has_quick: bool, inputs: dict[str, str], quick: bool, out
             *(a for flag, earlier in inputs.items() for a in (flag, str(out / earlier))), "--out", str(out / part)]
 
 
+def as_typed(line: list[str]) -> str:
+    """The command as a user at the working directory types it: paths under it relative, so that
+    suite_runs.csv (and BENCHMARKS.md from it) never name one machine's folders."""
+    def shown(argument: str) -> str:
+        path = pathlib.Path(argument)
+        return str(path.relative_to(pathlib.Path.cwd())) if path.is_absolute() and \
+            path.is_relative_to(pathlib.Path.cwd()) else argument
+    return "python " + " ".join(shown(argument) for argument in line[1:])
+
+
 def source_commit() -> str:
     """The commit the suite runs from ("+ changes" where the tree differs from it), for the report."""
     def git(*arguments: str) -> str:
@@ -76,7 +86,7 @@ def main(argv=None):
         print(f"\n=== {' '.join(line[1:])}", flush=True)
         started = time.perf_counter()
         subprocess.run(line, check=True)
-        runs.append({"part": part, "command": "python " + " ".join(line[1:]),
+        runs.append({"part": part, "command": as_typed(line),
                      "seconds": time.perf_counter() - started, "commit": commit})
     order = [part for part, _, _ in PARTS]
     report.write_csv(sorted(runs, key=lambda run: order.index(run["part"])), args.out / "suite_runs.csv")

@@ -72,6 +72,7 @@ def test_suite_parts_rerun_one_part_and_keep_the_others_runs(tmp_path, monkeypat
         (part_out / f"{part_out.name}.csv").write_text("x\n1\n")
 
     monkeypatch.setattr(suite.subprocess, "run", run)
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(suite, "source_commit", lambda: "new")
     monkeypatch.setattr(suite.benchmarks_md, "render", lambda published, docs_dir, quick: "rendered\n")
     with pytest.raises(SystemExit):  # precision reads bert_base's output, not there yet
@@ -84,5 +85,7 @@ def test_suite_parts_rerun_one_part_and_keep_the_others_runs(tmp_path, monkeypat
     runs = report.read(out / "suite_runs.csv")
     assert [run["part"] for run in runs] == [part for part, _, _ in suite.PARTS]
     assert {run["part"]: run["commit"] for run in runs}["precision"] == "new"
+    assert {run["part"]: run["command"] for run in runs}["precision"] == \
+        "python -m bench.precision --tuning-database-from out/bert_base --out out/precision"  # never tmp_path
     assert {run["commit"] for run in runs if run["part"] != "precision"} == {"old"}
     assert (docs / "results" / "suite" / "precision.csv").exists() and (docs / "BENCHMARKS.md").read_text() == "rendered\n"
