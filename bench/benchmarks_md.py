@@ -258,11 +258,14 @@ def precision_section(rows: list[dict], accuracy: list[dict], limits: list[dict]
                  for r in accuracy])
         + f"\n\nThe limit at batch 1, T = {smallest}: a call reads every dense weight once, so its weight bytes "
         f"over the DRAM read bandwidth measured in this run ({dram:.1f} GB/s) bound its time from below, "
-        "unless they fit in the last-level cache.\n\n"
-        + table(["model", "peer", "weights MiB", "ms", "DRAM floor ms"],
+        "unless they fit in the last-level cache; so does the call itself, from Python, timed on a model "
+        "with the same inputs that computes nothing (TF's signature call for every TF peer, ONNX Runtime's "
+        "session run for its peers).\n\n"
+        + table(["model", "peer", "weights MiB", "ms", "DRAM floor ms", "call ms"],
                 [[f"`{r['model']}`", r["peer"], f"{r['weight_mib']:.0f}",
                   f"{measured.get((r['model'] + '_batch1', r['peer']), float('nan')):.2f}",
-                  "in the LLC" if str(r["fits_in_llc"]) == "True" else f"{r['dram_floor_ms']:.2f}"]
+                  "in the LLC" if str(r["fits_in_llc"]) == "True" else f"{r['dram_floor_ms']:.2f}",
+                  f"{r['call_ms']:.2f}"]
                  for r in limits])
         + f"\n\nThe limit at the largest batch and T = {max(r['T'] for r in rows)}: the dense layers' multiply-adds "
         "(two operations each) over the peak of a loop of the instruction each precision multiplies with "

@@ -26,7 +26,9 @@ them, MiniLM: 11M), so weight bytes / DRAM read bandwidth (bench/dram_read.c, me
 bounds its time from below where the weights do not fit in the last-level cache. Per peer, the bytes
 a weight takes as its call reads it: 4 in float32 (TF's bf16 AMP casts its float32 weights at each
 call), 2 in bfloat16, 1 in int8 (a layer the accuracy gate keeps in float32 reads 4: the floor stays a
-lower bound).
+lower bound). Beside it, the cost of the call itself (call_ms): a model with the same inputs that
+computes nothing, called from Python as the peers are, through TF (every TF peer) and through ONNX
+Runtime (its tf2onnx conversion).
 
 Accuracy, in the same run, against the float32 original on stock TF: MiniLM's embeddings of
 tests/data/sentences.txt (cosine similarity per sentence: min and mean), BERT-base's output on random
@@ -224,6 +226,36 @@ def onnx_sessions(original: pathlib.Path, folder: pathlib.Path) -> dict[str, Cal
             "onnxruntime_int8": session_call(onnx_peer.session(int8))}
 
 
+class _EmptyModel(tf.Module):
+    """A model with `signature`'s inputs whose output (named `output`) costs nothing to compute."""
+
+    def __init__(self, signature, output: str):
+        super().__init__()
+        specs = signature.structured_input_signature[1]
+
+        def serve(*inputs):
+            return {output: tf.reshape(tf.cast(tf.reduce_sum(inputs[0]), tf.float32), [1, 1])}
+
+        self.serve = tf.function(serve, input_signature=[tf.TensorSpec(spec.shape, spec.dtype, name=name)
+                                                         for name, spec in sorted(specs.items())])
+
+
+def call_ms(model: BenchModel, original: pathlib.Path, folder: pathlib.Path) -> dict[str, float]:
+    """Milliseconds of calling a model from Python as the timing calls the peers, where the model
+    computes nothing: a SavedModel with the original's inputs through TF (every TF peer's call) and
+    its tf2onnx conversion through ONNX Runtime. At small T this is a floor of its own beside the
+    DRAM floor."""
+    empty = _EmptyModel(tf.saved_model.load(str(original)).signatures["serving_default"], model.output)
+    tf.saved_model.save(empty, str(folder / "empty"), signatures={"serving_default": empty.serve})
+    onnx_peer.convert_saved_model(folder / "empty", folder / "empty.onnx")
+    loaded = tf.saved_model.load(str(folder / "empty"))  # kept: the signature needs it
+    calls = {"tensorflow": signature_call(loaded.signatures["serving_default"], model.output),
+             "onnxruntime": session_call(onnx_peer.session(folder / "empty.onnx"))}
+    inputs = model.inputs(1, 1, 0)
+    seconds = timing.block_medians({runtime: (lambda call=call: call(inputs)) for runtime, call in calls.items()})
+    return {runtime: value * 1e3 for runtime, value in seconds.items()}
+
+
 def agree_with_tensorflow(outputs: dict[str, np.ndarray]) -> None:
     """The float32 peers' outputs against the original's on stock TF."""
     for peer, tolerance in FLOAT32_TOLERANCE.items():
@@ -238,13 +270,13 @@ def print_tables(rows: list[dict], accuracy: list[dict], limits: list[dict], pee
         for peer in peers[1:]:
             speedups = [r["speedup_vs_tensorflow"] for r in rows if r["workload"] == workload and r["peer"] == peer]
             print(f"    {peer:>22s} {report.geomean(speedups):.2f}x ({min(speedups):.2f}x)")
-    print("\nthe limit at the smallest T, batch 1: ms per call against weight bytes / DRAM bandwidth")
+    print("\nthe limit at the smallest T, batch 1: ms per call against weight bytes / DRAM bandwidth and the call")
     for limit in limits:
         measured = [r["ms"] for r in rows if r["workload"] == f"{limit['model']}_batch1" and r["peer"] == limit["peer"]
                     and r["T"] == min(row["T"] for row in rows)]
         floor = "(in the LLC)" if limit["fits_in_llc"] else f"{limit['dram_floor_ms']:.2f} ms"
         print(f"  {limit['model']:>18s} {limit['peer']:>22s} {limit['weight_mib']:7.1f} MiB "
-              f"{(measured[0] if measured else float('nan')):9.2f} ms  floor {floor}")
+              f"{(measured[0] if measured else float('nan')):9.2f} ms  floor {floor}, call {limit['call_ms']:.2f} ms")
     print("\naccuracy against TF float32:")
     for row in accuracy:
         kept = f", {row['dense_layers_put_back']} dense layers put back in {row['put_back_in']} by the accuracy " \
@@ -282,9 +314,12 @@ def main(argv=None):
     print(f"DRAM read bandwidth: {gbps:.1f} GB/s; last-level cache {llc / 2**20:.0f} MiB")
 
     peers = ["tensorflow", AMP, "onnxruntime", "onnxruntime_int8", *(f"dietcode_{p}" for p in DIETCODE_PRECISIONS)]
+    calls_ms = {model.name: call_ms(model, args.out / model.name / "original", args.out / model.name)
+                for model in MODELS}
     limits = [{"model": model.name, "peer": peer, "weight_mib": weights[model.name] * WEIGHT_BYTES[peer] / 2**20,
                "fits_in_llc": weights[model.name] * WEIGHT_BYTES[peer] <= llc, "dram_gbps": gbps,
-               "dram_floor_ms": weights[model.name] * WEIGHT_BYTES[peer] / (gbps * 1e9) * 1e3}
+               "dram_floor_ms": weights[model.name] * WEIGHT_BYTES[peer] / (gbps * 1e9) * 1e3,
+               "call_ms": calls_ms[model.name]["onnxruntime" if peer.startswith("onnxruntime") else "tensorflow"]}
               for model in MODELS for peer in peers]
     floors = {(limit["model"], limit["peer"]): limit["dram_floor_ms"] for limit in limits}
     rows, accuracy = [], []

@@ -30,9 +30,9 @@ def test_precision_section_tabulates_speedups_accuracy_and_the_dram_floor():
     accuracy = [{"model": "minilm", "peer": "dietcode_int8", "min_cosine": 0.99612, "row_error": 0.081,
                  "dense_layers_put_back": 6.0, "put_back_in": "bfloat16"}]
     limits = [{"model": "minilm", "peer": "dietcode_int8", "weight_mib": 10.2, "fits_in_llc": "True",
-               "dram_gbps": 34.5, "dram_floor_ms": 0.3},
+               "dram_gbps": 34.5, "dram_floor_ms": 0.3, "call_ms": 0.28},
               {"model": "minilm", "peer": "tensorflow", "weight_mib": 41.0, "fits_in_llc": "False",
-               "dram_gbps": 34.5, "dram_floor_ms": 1.24}]
+               "dram_gbps": 34.5, "dram_floor_ms": 1.24, "call_ms": 0.28}]
     peaks = [{"measure": "fma_loop", "value": 200.0, "unit": "GFLOP/s"},
              {"measure": "int8_dot_loop", "value": 800.0, "unit": "GOP/s"}]
     text = benchmarks_md.precision_section(rows(1) + rows(5), accuracy, limits, peaks, lambda name: name)
@@ -41,8 +41,8 @@ def test_precision_section_tabulates_speedups_accuracy_and_the_dram_floor():
     assert text.count("4.00x (4.00x at T=1)") == 1  # int8's column
     assert "| `minilm` | dietcode_int8 | 0.99612 | 0.081 | 6 in bfloat16 |" in text
     assert "(34.5 GB/s)" in text and "T = 1:" in text
-    assert "| `minilm` | dietcode_int8 | 10 | 5.00 | in the LLC |" in text
-    assert "| `minilm` | tensorflow | 41 | 20.00 | 1.24 |" in text
+    assert "| `minilm` | dietcode_int8 | 10 | 5.00 | in the LLC | 0.28 |" in text
+    assert "| `minilm` | tensorflow | 41 | 20.00 | 1.24 | 0.28 |" in text
     # at the largest T (5): 2 * 41 MiB / 4 bytes * 5 rows = 0.107 GFLOP over each precision's loop; no bf16 loop
     assert "| `minilm_batch1` | tensorflow | 0.107 | 20.0 | 0.5 (fma_loop, 200 GFLOP/s) |" in text
     assert "| `minilm_batch1` | dietcode_int8 | 0.107 | 5.0 | 0.1 (int8_dot_loop, 800 GOP/s) |" in text
