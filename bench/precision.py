@@ -227,31 +227,31 @@ def onnx_sessions(original: pathlib.Path, folder: pathlib.Path) -> dict[str, Cal
 
 
 class _EmptyModel(tf.Module):
-    """A model with `signature`'s inputs whose output (named `output`) costs nothing to compute."""
+    """A model taking `inputs`' names and dtypes (any shape) whose output, named `output`, costs
+    nothing to compute."""
 
-    def __init__(self, signature, output: str):
+    def __init__(self, inputs: Inputs, output: str):
         super().__init__()
-        specs = signature.structured_input_signature[1]
 
-        def serve(*inputs):
-            return {output: tf.reshape(tf.cast(tf.reduce_sum(inputs[0]), tf.float32), [1, 1])}
+        def serve(*arrays):
+            return {output: tf.reshape(tf.cast(tf.reduce_sum(arrays[0]), tf.float32), [1, 1])}
 
-        self.serve = tf.function(serve, input_signature=[tf.TensorSpec(spec.shape, spec.dtype, name=name)
-                                                         for name, spec in sorted(specs.items())])
+        self.serve = tf.function(serve, input_signature=[tf.TensorSpec([None] * array.ndim, array.dtype, name=name)
+                                                         for name, array in sorted(inputs.items())])
 
 
-def call_ms(model: BenchModel, original: pathlib.Path, folder: pathlib.Path) -> dict[str, float]:
+def call_ms(model: BenchModel, folder: pathlib.Path) -> dict[str, float]:
     """Milliseconds of calling a model from Python as the timing calls the peers, where the model
-    computes nothing: a SavedModel with the original's inputs through TF (every TF peer's call) and
+    computes nothing: a SavedModel with the model's inputs through TF (every TF peer's call) and
     its tf2onnx conversion through ONNX Runtime. At small T this is a floor of its own beside the
     DRAM floor."""
-    empty = _EmptyModel(tf.saved_model.load(str(original)).signatures["serving_default"], model.output)
+    inputs = model.inputs(1, 1, 0)
+    empty = _EmptyModel(inputs, model.output)
     tf.saved_model.save(empty, str(folder / "empty"), signatures={"serving_default": empty.serve})
     onnx_peer.convert_saved_model(folder / "empty", folder / "empty.onnx")
     loaded = tf.saved_model.load(str(folder / "empty"))  # kept: the signature needs it
     calls = {"tensorflow": signature_call(loaded.signatures["serving_default"], model.output),
              "onnxruntime": session_call(onnx_peer.session(folder / "empty.onnx"))}
-    inputs = model.inputs(1, 1, 0)
     seconds = timing.block_medians({runtime: (lambda call=call: call(inputs)) for runtime, call in calls.items()})
     return {runtime: value * 1e3 for runtime, value in seconds.items()}
 
@@ -314,8 +314,7 @@ def main(argv=None):
     print(f"DRAM read bandwidth: {gbps:.1f} GB/s; last-level cache {llc / 2**20:.0f} MiB")
 
     peers = ["tensorflow", AMP, "onnxruntime", "onnxruntime_int8", *(f"dietcode_{p}" for p in DIETCODE_PRECISIONS)]
-    calls_ms = {model.name: call_ms(model, args.out / model.name / "original", args.out / model.name)
-                for model in MODELS}
+    calls_ms = {model.name: call_ms(model, args.out / model.name) for model in MODELS}
     limits = [{"model": model.name, "peer": peer, "weight_mib": weights[model.name] * WEIGHT_BYTES[peer] / 2**20,
                "fits_in_llc": weights[model.name] * WEIGHT_BYTES[peer] <= llc, "dram_gbps": gbps,
                "dram_floor_ms": weights[model.name] * WEIGHT_BYTES[peer] / (gbps * 1e9) * 1e3,
