@@ -86,12 +86,17 @@ def test_only_read_weights_are_packed_and_outputs_and_state_are_unchanged(statef
 def test_a_save_holds_each_packed_weight_once(stateful_model, tmp_path):
     """Once packed, the per-layer variables optimize() converted the weights into are freed, the
     converter still alive: a save holds each weight once (in its arena), not twice."""
+    def weight_variables() -> list[tf.Variable]:
+        gc.collect()
+        return [v for v in gc.get_objects() if isinstance(v, tf.Variable) and v.name.startswith("dietcode_weight")]
+
     root, _ = stateful_model
+    # what earlier tests in this process keep alive is theirs (held here, so no id is reused)
+    before = weight_variables()
     converter = tf_dietcode.Converter(root / "original", shape_ranges={"ids": [(1, 4), (1, 6)]},
                                       tuning=search.SearchOptions(**TINY_TUNING_OPTIONS), database=shared_database())
     converter.convert().build().save(tmp_path / "optimized")
-    gc.collect()
-    live = [v.name for v in gc.get_objects() if isinstance(v, tf.Variable) and v.name.startswith("dietcode_weight")]
+    live = [v.name for v in weight_variables() if all(v is not earlier for earlier in before)]
     assert live == [], live
 
 
