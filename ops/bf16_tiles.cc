@@ -64,6 +64,10 @@ struct Avx512Bf16 {
   Tile(const uint8_t* act, int64_t act_stride, const uint8_t* w,
        int64_t groups, float* c) {
     const int64_t block_bytes = groups * kWeightRowBytes;
+    if constexpr (R == 1) {
+      OneRow<NB>(act, w, block_bytes, groups, c);
+      return;
+    }
     __m512 acc[R][NB];
 #pragma GCC unroll 16
     for (int i = 0; i < R * NB; ++i) acc[i / NB][i % NB] = _mm512_setzero_ps();
@@ -88,6 +92,36 @@ struct Avx512Bf16 {
     for (int i = 0; i < R * NB; ++i) {
       _mm512_storeu_ps(c + (i / NB) * kTileColumns + (i % NB) * kBlockColumns,
                        acc[i / NB][i % NB]);
+    }
+  }
+
+  // One row (a GEMV, M = 1): as the int8 VNNI tile, the blocks are read one
+  // after the other, each a single sequential stream (two groups at a time
+  // into two accumulators), instead of side by side (decisions.md,
+  // "Precision").
+  template <int NB>
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
+  OneRow(const uint8_t* act, const uint8_t* w, int64_t block_bytes,
+         int64_t groups, float* c) {
+    for (int b = 0; b < NB; ++b) {
+      const uint8_t* block = w + b * block_bytes;
+      __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();
+      int64_t g = 0;
+      for (; g + 2 <= groups; g += 2) {
+        even = _mm512_dpbf16_ps(
+            even, (__m512bh)_mm512_set1_epi32(LoadGroup(act + g * kGroupBytes)),
+            (__m512bh)_mm512_loadu_si512(block + g * kWeightRowBytes));
+        odd = _mm512_dpbf16_ps(
+            odd,
+            (__m512bh)_mm512_set1_epi32(LoadGroup(act + (g + 1) * kGroupBytes)),
+            (__m512bh)_mm512_loadu_si512(block + (g + 1) * kWeightRowBytes));
+      }
+      if (g < groups) {
+        even = _mm512_dpbf16_ps(
+            even, (__m512bh)_mm512_set1_epi32(LoadGroup(act + g * kGroupBytes)),
+            (__m512bh)_mm512_loadu_si512(block + g * kWeightRowBytes));
+      }
+      _mm512_storeu_ps(c + b * kBlockColumns, _mm512_add_ps(even, odd));
     }
   }
 };
